@@ -1,0 +1,119 @@
+"""Command line of collect-node-data: ``python -m harness <subcommand>`` (merge, …)."""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.store import (
+    NodeStore,
+    RowsFileWarning,
+    StoreError,
+    default_db_path,
+    format_receipt,
+    read_rows_file,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as ``error: <message>``, exits with ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- merge
+
+
+def _add_merge(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "merge",
+        help="merge box rows files (JSON lines) into the node DB in one transaction",
+        description="Merge measured rows into the node table (all rows or none), back the DB "
+        "up, and print how many node rows each card now has.",
+    )
+    p.add_argument("rows_files", nargs="+", type=Path, metavar="ROWS.jsonl")
+    p.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="node DB to merge into (default: $EMMY_TUNE_DB, else ~/.cache/emmy/autotune.db)",
+    )
+    p.add_argument(
+        "--no-backup", action="store_true", help="skip the VACUUM INTO backup after the merge"
+    )
+    p.set_defaults(func=_cmd_merge)
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    for path in args.rows_files:
+        if not path.exists():
+            raise CommandError(f"rows file not found: {path}", EXIT_USAGE)
+        if not path.is_file():
+            raise CommandError(f"rows file is not a file: {path}", EXIT_USAGE)
+    rows: list[dict[str, Any]] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RowsFileWarning)
+        for path in args.rows_files:
+            rows.extend(read_rows_file(path)[0])
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    db_path = args.db if args.db is not None else default_db_path()
+    with NodeStore(db_path) as store:
+        try:
+            receipt = store.merge(rows)
+        except sqlite3.Error as e:
+            raise CommandError(f"node DB {store.path}: {e}; nothing was merged") from e
+        print(format_receipt(receipt))
+        print(f"db: {store.path}")
+        if args.no_backup:
+            print("backup: skipped (--no-backup)")
+        elif not receipt.changed:
+            print("backup: skipped (nothing changed)")
+        else:
+            # Best-effort, as in the original: the merge has committed either way.
+            try:
+                print(f"backup: {store.backup()}")
+            except (OSError, sqlite3.Error, StoreError) as e:
+                print(f"warning: backup failed: {e}", file=sys.stderr)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- dispatch
+
+# Each entry registers one subcommand on the subparsers object and sets ``func``.
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness", description="collect-node-data: the node table and its tools."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CommandError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
+    except (StoreError, sqlite3.Error) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
