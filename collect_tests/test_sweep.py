@@ -1,0 +1,27 @@
+"""The collection "tests": one sweep job per card × slice × kind.
+
+A job passes when it ran to its allotment or its pool's end; bench failures are data (they
+are rows), not test failures.  A job whose box process died or failed fails with the tail of
+its log.  ``-k softmax`` or ``-k own`` select jobs; the budget is re-planned over the selection.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_sweep(sweep_job, collection, boxes, progress, record_property):
+    gpu, job = sweep_job
+    box = boxes(gpu)
+    result = collection.run_job(sweep_job, box, progress)
+    if result.skipped:
+        pytest.skip(result.skipped)
+    out = result.outcome
+    for name in ("benched", "ok", "failed", "points_done", "points_total"):
+        record_property(name, result.stat(name))
+    record_property("seconds", round(out.elapsed_s, 1))
+    record_property("allotment_s", round(result.allotment_s, 1))
+    if out.state in ("died", "failed"):
+        pytest.fail(f"{job.id} on {box.card.name}: the sweep job {out.state}; tail of sweep.log:\n"
+                    f"{out.log_tail}", pytrace=False)
+    assert out.rows_path is not None or result.stat("benched") == 0, "rows did not come back"

@@ -1,0 +1,195 @@
+"""Measure one point: compile, check against the torch reference, then time A/B.
+
+Runs inside the bench worker (``python -m harness.box worker``), a child of the sweep, so a
+kernel that breaks the CUDA context ends only the worker.  The worker reads one JSON request
+per line on stdin and answers one JSON result per line on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from harness import kinds as registry
+
+# Errors after which the CUDA context cannot be trusted: the worker answers and exits.
+_CONTEXT_FATAL = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                  "illegal instruction", "device-side assert", "CUDA error: an illegal",
+                  "cudaErrorLaunchFailure", "context is destroyed")
+EXIT_CONTEXT_LOST = 3
+
+
+class Bencher:
+    """Holds the inputs of the current shape and measures configurations of it."""
+
+    def __init__(self, device: str, warmup: int, iters: int, seed: int = 0) -> None:
+        self.device = device
+        self.warmup = warmup
+        self.iters = iters
+        self.seed = seed
+        self._shape_key: str | None = None
+        self._inputs: dict[str, Any] = {}
+        self._ref: Any = None
+        self._flush: Any = None
+
+    # -- inputs -------------------------------------------------------------------------------
+    def _load_shape(self, kind_name: str, shape: dict[str, Any]) -> None:
+        key = json.dumps([kind_name, shape], sort_keys=True)
+        if key == self._shape_key:
+            return
+        import torch
+
+        self._inputs, self._ref, self._shape_key = {}, None, None
+        if self.device != "cpu":
+            torch.cuda.empty_cache()
+        kind = registry.get(kind_name)
+        self._inputs = kind.make_inputs(shape, self.device, self.seed)
+        self._ref = kind.reference(shape, self._inputs)
+        self._shape_key = key
+
+    def _flush_buffer(self) -> Any:
+        if self._flush is None and self.device != "cpu":
+            import torch
+
+            l2 = torch.cuda.get_device_properties(0).L2_cache_size or 64 * 2**20
+            self._flush = torch.empty(max(2 * l2, 64 * 2**20) // 4, dtype=torch.int32,
+                                      device=self.device)
+        return self._flush
+
+    # -- one point ----------------------------------------------------------------------------
+    def measure(self, req: dict[str, Any]) -> dict[str, Any]:
+        kind = registry.get(req["kind"])
+        shape, knobs = req["shape"], req["knobs"]
+        res: dict[str, Any] = {"status": "error", "value_us": None, "ref_us": None,
+                               "variance": None, "n_samples": None, "error": None,
+                               "compile_s": None, "bench_s": None, "compile": {}}
+        try:
+            self._load_shape(req["kind"], shape)
+            launch = kind.prepare(knobs, shape, self._inputs)
+            t0 = time.perf_counter()
+            handle = launch.run()  # first launch compiles
+            self._sync()
+            res["compile_s"] = round(time.perf_counter() - t0, 4)
+            res["compile"] = _compile_facts(handle)
+            err = _mismatch(launch.out, self._ref, *kind.tolerance(shape.get("dtype", "fp32")))
+            if err:
+                res.update(status="bench_fail", error=err)
+                return res
+            t1 = time.perf_counter()
+            cand, ref = self._time_ab(launch.run, lambda: kind.reference(shape, self._inputs))
+            res["bench_s"] = round(time.perf_counter() - t1, 4)
+            res.update(status="ok", value_us=statistics.median(cand), ref_us=statistics.median(ref),
+                       variance=statistics.variance(cand) if len(cand) > 1 else 0.0,
+                       n_samples=len(cand))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
+            res.update(_classify(exc))
+        return res
+
+    def _sync(self) -> None:
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _time_ab(self, cand: Callable[[], Any], ref: Callable[[], Any]) -> tuple[list[float], list[float]]:
+        """Candidate and reference interleaved, L2 flushed before each timed call (µs)."""
+        for _ in range(self.warmup):
+            cand()
+            ref()
+        if self.device == "cpu":
+            c_us, r_us = [], []
+            for _ in range(self.iters):
+                t = time.perf_counter()
+                cand()
+                c_us.append((time.perf_counter() - t) * 1e6)
+                t = time.perf_counter()
+                ref()
+                r_us.append((time.perf_counter() - t) * 1e6)
+            return c_us, r_us
+        import torch
+
+        flush = self._flush_buffer()
+        ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(self.iters)]
+        torch.cuda.synchronize()
+        for e in ev:
+            flush.zero_()
+            e[0].record()
+            cand()
+            e[1].record()
+            flush.zero_()
+            e[2].record()
+            ref()
+            e[3].record()
+        torch.cuda.synchronize()
+        return ([e[0].elapsed_time(e[1]) * 1e3 for e in ev],
+                [e[2].elapsed_time(e[3]) * 1e3 for e in ev])
+
+
+def _compile_facts(handle: Any) -> dict[str, Any]:
+    """Registers, spills and shared memory of the compiled kernel (none under the interpreter)."""
+    if handle is None:
+        return {}
+    facts = {}
+    for name, attr in (("C_n_regs", "n_regs"), ("C_n_spills", "n_spills")):
+        v = getattr(handle, attr, None)
+        if isinstance(v, int):
+            facts[name] = v
+    shared = getattr(getattr(handle, "metadata", None), "shared", None)
+    if isinstance(shared, int):
+        facts["C_shared_bytes"] = shared
+    return facts
+
+
+def _mismatch(out: Any, ref: Any, atol: float, rtol: float) -> str | None:
+    import torch
+
+    o, r = out.float(), ref.float()
+    if o.shape != r.shape:
+        return f"wrong result: shape {tuple(o.shape)} != reference {tuple(r.shape)}"
+    if not torch.isfinite(o).all():
+        return "wrong result: non-finite values"
+    diff = (o - r).abs()
+    bad = diff > atol + rtol * r.abs()
+    if bool(bad.any()):
+        return (f"wrong result: {int(bad.sum())}/{bad.numel()} elements off, "
+                f"max abs err {float(diff.max()):.3g} (atol {atol}, rtol {rtol})")
+    return None
+
+
+def _classify(exc: BaseException) -> dict[str, Any]:
+    text = f"{type(exc).__name__}: {exc}"
+    names = {c.__name__ for c in type(exc).__mro__}
+    if any(s in text for s in _CONTEXT_FATAL):
+        return {"status": "crash", "error": text[:2000], "fatal": True}
+    if names & {"OutOfResources", "CompilationError", "CompileTimeAssertionFailure"}:
+        return {"status": "bench_fail", "error": text[:2000]}
+    if "out of memory" in text.lower():
+        return {"status": "bench_fail", "error": text[:2000]}
+    tb = "".join(traceback.format_exception(exc)[-3:])
+    return {"status": "error", "error": (text + "\n" + tb)[:2000]}
+
+
+def serve(device: str, warmup: int, iters: int, seed: int) -> int:
+    """The worker loop: one request line in, one result line out, until stdin closes."""
+    bencher = Bencher(device, warmup, iters, seed)
+    out = sys.stdout
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        res = bencher.measure(req)
+        fatal = res.pop("fatal", False)
+        for k in ("value_us", "ref_us", "variance"):
+            if isinstance(res.get(k), float) and not math.isfinite(res[k]):
+                res[k] = None
+        out.write(json.dumps(res) + "\n")
+        out.flush()
+        if fatal:
+            return EXIT_CONTEXT_LOST
+    return 0

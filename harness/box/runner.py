@@ -1,0 +1,238 @@
+"""The sweep job: bench batches of one slice × kind until its allotment or pool is spent.
+
+Lifecycle: probe the card → build the pool → drop points the ledger says are done → loop
+{draw a shape ∝ its remaining points, draw up to ``--batch`` points of it, bench them in the
+worker, append their rows (fsync), mark and save the ledger} → summary line + summary file.
+Budget is checked before each batch, and each point has a time bound, so a job overshoots
+its allotment by at most one batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import select
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harness import pools
+from harness.box.probe import card_from_probe, probe
+from harness.cards import INTERPRET
+from harness.ledger import Ledger
+
+TERMINAL_ROW = ("ok", "bench_fail")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_run_id() -> str:
+    return f"bench-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}"
+
+
+class Worker:
+    """The bench worker process; restarted when it dies or hangs."""
+
+    def __init__(self, regime: str, warmup: int, iters: int, seed: int, log_path: Path) -> None:
+        self.regime = regime
+        self.args = [sys.executable, "-m", "harness.box", "worker", "--warmup", str(warmup),
+                     "--iters", str(iters), "--seed", str(seed),
+                     "--device", "cpu" if regime == INTERPRET else "cuda"]
+        self.log_path = log_path
+        self.proc: subprocess.Popen[str] | None = None
+        self.restarts = 0
+
+    def _start(self) -> subprocess.Popen[str]:
+        env = dict(os.environ)
+        if self.regime == INTERPRET:
+            env["TRITON_INTERPRET"] = "1"
+        log = open(self.log_path, "a")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=log, text=True, env=env, bufsize=1)
+        log.close()
+        return self.proc
+
+    def bench(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        proc = self.proc if self.proc and self.proc.poll() is None else self._start()
+        assert proc.stdin and proc.stdout
+        try:
+            proc.stdin.write(json.dumps(req) + "\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            return self._lost("bench worker exited before the point ran")
+        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+        if not ready:
+            self.kill()
+            return {"status": "timeout", "error": f"bench worker exceeded {timeout_s:.0f}s on this point"}
+        line = proc.stdout.readline()
+        if not line:
+            return self._lost("bench worker died while benching this point")
+        res = json.loads(line)
+        if proc.poll() is not None or res.get("status") == "crash":
+            # the worker quits after a context-fatal error; the next point gets a fresh one
+            self.kill()
+        return res
+
+    def _lost(self, what: str) -> dict[str, Any]:
+        rc = self.proc.wait(timeout=10) if self.proc else None
+        self.proc = None
+        self.restarts += 1
+        return {"status": "crash", "error": f"{what} (exit {rc}); see {self.log_path.name}: "
+                + _tail(self.log_path, 8)}
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if self.proc:
+            self.restarts += 1
+        self.proc = None
+
+    def close(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            assert self.proc.stdin
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+@dataclass
+class JobConfig:
+    slice: str
+    kind: str
+    budget_s: float
+    rows_path: Path
+    ledger_path: Path
+    summary_path: Path | None = None
+    batch: int = 6
+    seed: int = 0
+    max_dist: int = 2
+    tail_cap: int = 200
+    filter: str | None = None
+    max_attempts: int = 2
+    point_timeout_s: float = 300.0
+    warmup: int = 5
+    iters: int = 20
+    run_id: str = field(default_factory=new_run_id)
+
+
+def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card_feats: dict[str, Any],
+             shape_feats: dict[str, Any], cfg: JobConfig) -> dict[str, Any]:
+    features = {**card_feats, **shape_feats, **point.knobs, **res.get("compile", {})}
+    return {
+        "point_key": point.key, "gpu": point.gpu, "regime": info["regime"], "kind": point.kind,
+        "shape_id": point.shape_id, "shape": point.shape, "spec": point.spec,
+        "knobs": point.knobs, "slice": point.slice, "status": res["status"],
+        "value_us": res.get("value_us"), "ref_us": res.get("ref_us"),
+        "variance": res.get("variance"), "n_samples": res.get("n_samples"),
+        "error": res.get("error"), "features": features, "cc": info["cc"],
+        "compile_s": res.get("compile_s"), "bench_s": res.get("bench_s"),
+        "run_id": cfg.run_id, "measured_at": utc_now(),
+        "provenance": {"host": info.get("host"), "device_name": info.get("device_name"),
+                       "gpu_uuid": info.get("gpu_uuid"), **info.get("versions", {}),
+                       "warmup": cfg.warmup, "iters": cfg.iters},
+    }
+
+
+def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) -> dict[str, Any]:
+    """Run one job to its budget or the end of its pool; returns (and writes) the summary."""
+    from harness import kinds as registry
+
+    info = probe()
+    card = card_from_probe(info)
+    regime = info["regime"]
+    warmup, iters = (cfg.warmup, cfg.iters) if regime != INTERPRET else (1, 3)
+    cfg.warmup, cfg.iters = warmup, iters
+    ledger = Ledger.load(cfg.ledger_path)
+    pool = pools.build(card, kinds=[cfg.kind], filter=cfg.filter, max_dist=cfg.max_dist,
+                       tail_cap=cfg.tail_cap)
+    points = pool.points(cfg.slice, cfg.kind)
+    remaining: dict[str, list[pools.Point]] = defaultdict(list)
+    for p in points:
+        if ledger.needs_run(p.key, regime, cfg.max_attempts):
+            remaining[p.shape_id].append(p)
+    total, todo = len(points), sum(len(v) for v in remaining.values())
+    print(f"[sweep] card {card.name} ({regime}); job {cfg.slice}-{cfg.kind}: {todo} of {total} "
+          f"points to measure; budget {cfg.budget_s:.0f}s; run {cfg.run_id}", file=log, flush=True)
+    kind = registry.get(cfg.kind)
+    card_feats = card.features()
+    rng = random.Random(cfg.seed)
+    cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
+    worker = Worker(regime, warmup, iters, cfg.seed, cfg.rows_path.parent / "worker.log")
+    counts: Counter[str] = Counter()
+    t0 = clock()
+    batch_i = 0
+    stop = "pool exhausted"
+    try:
+        with open(cfg.rows_path, "a") as rows_file:
+            while remaining:
+                spent = clock() - t0
+                if cfg.budget_s and spent >= cfg.budget_s:
+                    stop = "budget spent"
+                    break
+                shape_ids = sorted(remaining)
+                sid = rng.choices(shape_ids, weights=[len(remaining[s]) for s in shape_ids])[0]
+                batch = rng.sample(remaining[sid], min(cfg.batch, len(remaining[sid])))
+                batch_i += 1
+                tb = clock()
+                statuses = []
+                shape_feats = kind.shape_features(batch[0].shape)
+                for p in batch:
+                    req = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
+                    res = worker.bench(req, cfg.point_timeout_s)
+                    row = make_row(p, res, info, card_feats, shape_feats, cfg)
+                    rows_file.write(json.dumps(row, sort_keys=True) + "\n")
+                    ledger.mark(p.key, p.spec, regime, res["status"], res.get("error"))
+                    statuses.append(res["status"])
+                    counts[res["status"]] += 1
+                rows_file.flush()
+                os.fsync(rows_file.fileno())
+                ledger.save(cfg.ledger_path)
+                remaining[sid] = [p for p in remaining[sid]
+                                  if ledger.needs_run(p.key, regime, cfg.max_attempts)]
+                if not remaining[sid]:
+                    del remaining[sid]
+                left = sum(len(v) for v in remaining.values())
+                n_ok = statuses.count("ok")
+                print(f"[batch {batch_i}] {cfg.slice} {cfg.kind} {sid}: {n_ok}/{len(batch)} ok "
+                      f"({clock() - tb:.1f}s) statuses={statuses} | done {sum(counts.values())}, "
+                      f"ok {counts['ok']}, failed {sum(counts.values()) - counts['ok']}, "
+                      f"left {left}, {max(0.0, cfg.budget_s - (clock() - t0)):.0f}s of budget left",
+                      file=log, flush=True)
+    finally:
+        worker.close()
+    elapsed = clock() - t0
+    done = sum(1 for p in points if not ledger.needs_run(p.key, regime, cfg.max_attempts))
+    summary = {"run_id": cfg.run_id, "slice": cfg.slice, "kind": cfg.kind, "card": card.name,
+               "regime": regime, "stop": stop, "points_total": total, "points_done": done,
+               "benched": sum(counts.values()), "ok": counts["ok"],
+               "failed": sum(counts.values()) - counts["ok"], "statuses": dict(counts),
+               "batches": batch_i, "elapsed_s": round(elapsed, 2), "budget_s": cfg.budget_s,
+               "worker_restarts": worker.restarts}
+    print(f"sweep done: {cfg.slice}-{cfg.kind} {done}/{total} points ({summary['benched']} benched "
+          f"this run: {counts['ok']} ok, {summary['failed']} failed) in {elapsed:.0f}s; {stop}",
+          file=log, flush=True)
+    if cfg.summary_path:
+        tmp = cfg.summary_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True))
+        os.replace(tmp, cfg.summary_path)
+    return summary

@@ -1,0 +1,192 @@
+"""The controller's handle on one box: push the code, set up, probe, plan, run jobs, harvest.
+
+Everything long-running runs inside the box's named tmux sessions; the controller only makes
+short calls (start a session, one poll, fetch a file), so a dropped connection costs a poll,
+never the work.  Remote layout under ``base`` (default ``~/.local/share/emmy/node-collect``):
+``repo/ setup.log setup.status probe.json pool.json ledger.json sweep.log sweep.status
+rows/<run_id>/<slice>-<kind>.jsonl summary/<run_id>/<slice>-<kind>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness.remote.tmux import SETUP_SESSION, SWEEP_SESSION, JobState, Tmux
+from harness.remote.transport import Transport
+
+DEFAULT_BASE = "~/.local/share/emmy/node-collect"
+CODE_ROOT = Path(harness.__file__).resolve().parent.parent
+_EXCLUDE = ("__pycache__", "*.pyc", ".pytest_cache")
+
+
+class BoxError(RuntimeError):
+    """The box cannot be used: says why and what to do."""
+
+
+@dataclass
+class JobOutcome:
+    """What one sweep job did, as the controller saw it."""
+
+    state: str  # done | stopped (timeout) | died | failed
+    summary: dict[str, Any] = field(default_factory=dict)
+    rows_path: Path | None = None
+    log_tail: str = ""
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class BoxDriver:
+    transport: Transport
+    tmux: Tmux
+    base: str = DEFAULT_BASE
+    python: str = "python3"
+    env: dict[str, str] = field(default_factory=dict)
+    poll_s: float = 60.0
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        if self.base.startswith("~"):
+            self.base = self.transport.home() + self.base[1:]
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.base, *parts)
+
+    # -- setup --------------------------------------------------------------------------------
+    def refuse_if_busy(self) -> None:
+        if self.tmux.alive(SWEEP_SESSION):
+            sock = f" -L {self.tmux.socket}" if self.tmux.socket else ""
+            raise BoxError(
+                f"a sweep is already running on {self.transport.name} (tmux session "
+                f"{SWEEP_SESSION!r}); watch it with `tmux{sock} attach -t {SWEEP_SESSION}` or end "
+                f"it with `tmux{sock} kill-session -t {SWEEP_SESSION}`, then run again")
+
+    def push_code(self) -> None:
+        self.transport.run(["mkdir", "-p", self.path("rows"), self.path("summary")])
+        self.transport.run(["chmod", "700", self.base])
+        self.transport.put_tree(CODE_ROOT / "harness", self.path("repo", "harness"), _EXCLUDE)
+
+    def setup(self, timeout_s: float = 4500.0) -> dict[str, Any]:
+        """Check the box can import torch and triton, probe it; return the probe."""
+        script = (f"{shlex.quote(self.python)} -c 'import torch, triton' && "
+                  f"{shlex.quote(self.python)} -m harness.box probe --out {shlex.quote(self.path('probe.json'))}")
+        self.tmux.start(SETUP_SESSION, ["bash", "-c", script], cwd=self.path("repo"),
+                        log=self.path("setup.log"), status=self.path("setup.status"), env=self.env)
+        state = self._wait(SETUP_SESSION, self.path("setup.log"), self.path("setup.status"),
+                           timeout_s, on_line=None)
+        if state.status != "0":
+            raise BoxError(f"setup failed on {self.transport.name} (status {state.status}); "
+                           f"tail of setup.log:\n{self.tail(self.path('setup.log'), 40)}")
+        return self.read_json(self.path("probe.json"))
+
+    # -- files --------------------------------------------------------------------------------
+    def read_json(self, remote: str) -> Any:
+        with tempfile.TemporaryDirectory() as d:
+            local = Path(d) / "f.json"
+            if not self.transport.get_file(remote, local):
+                raise BoxError(f"{remote} missing on {self.transport.name}")
+            return json.loads(local.read_text())
+
+    def tail(self, remote: str, n: int) -> str:
+        r = self.transport.run(["tail", "-n", str(n), remote], check=False, timeout=60)
+        return r.stdout
+
+    def push_ledger(self, local: Path) -> None:
+        if local.is_file():
+            self.transport.put_file(local, self.path("ledger.json"))
+
+    def fetch_ledger(self, local: Path) -> bool:
+        return self.transport.get_file(self.path("ledger.json"), local)
+
+    # -- plan and jobs ------------------------------------------------------------------------
+    def plan(self, pool_args: Sequence[str]) -> dict[str, Any]:
+        argv = [self.python, "-m", "harness.box", "plan", "--ledger", self.path("ledger.json"),
+                "--out", self.path("pool.json"), *pool_args]
+        self.transport.run(["sh", "-c", f"cd {shlex.quote(self.path('repo'))} && {shlex.join(argv)}"],
+                           timeout=900, env=self.env)
+        return self.read_json(self.path("pool.json"))
+
+    def run_job(self, *, slice_: str, kind: str, budget_s: float, run_id: str,
+                job_args: Sequence[str], timeout_s: float, rows_dir: Path,
+                on_line: Callable[[str], None] | None = None) -> JobOutcome:
+        name = f"{slice_}-{kind}"
+        rows = self.path("rows", run_id, f"{name}.jsonl")
+        summary = self.path("summary", run_id, f"{name}.json")
+        self.transport.run(["mkdir", "-p", self.path("rows", run_id), self.path("summary", run_id)])
+        argv = [self.python, "-m", "harness.box", "run", "--slice", slice_, "--kind", kind,
+                "--budget-s", f"{budget_s:.1f}", "--rows", rows, "--ledger", self.path("ledger.json"),
+                "--summary", summary, "--run-id", run_id, *job_args]
+        t0 = self.clock()
+        self.tmux.start(SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
+                        status=self.path("sweep.status"), env=self.env)
+        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), self.path("sweep.status"),
+                           timeout_s, on_line=on_line)
+        outcome = JobOutcome(state="done", elapsed_s=self.clock() - t0)
+        if state.status is None:
+            outcome.state = "stopped" if state.alive else "died"
+            self.stop()
+        elif state.status != "0":
+            outcome.state = "failed"
+        local_rows = rows_dir / run_id / f"{name}.jsonl"
+        outcome.rows_path = local_rows if self.transport.get_file(rows, local_rows) else None
+        try:
+            outcome.summary = self.read_json(summary)
+        except BoxError:
+            outcome.summary = {}
+        if outcome.state != "done":
+            outcome.log_tail = self.tail(self.path("sweep.log"), 40)
+        return outcome
+
+    def stop(self) -> None:
+        """End the sweep session and any bench process it left (harvest, never abandon)."""
+        for attempt in range(6):
+            self.tmux.kill(SWEEP_SESSION)
+            sig = "-9" if attempt >= 2 else "-15"
+            self.transport.run(["pkill", sig, "-f", "[h]arness.box (run|worker)"], check=False,
+                               timeout=60)
+            if not self.tmux.alive(SWEEP_SESSION):
+                return
+            self.sleep(5)
+
+    def _wait(self, session: str, log: str, status: str, timeout_s: float,
+              on_line: Callable[[str], None] | None) -> JobState:
+        """Poll until the session writes its status, dies twice in a row, or time runs out."""
+        deadline = self.clock() + timeout_s
+        dead_polls = 0
+        last_seen = ""
+        while True:
+            state = self.tmux.poll(session, log=log, status=status)
+            if state.status is not None:
+                return state
+            if state.alive is None:
+                if on_line:
+                    on_line(f"box {self.transport.name} unreachable; the job goes on, still waiting")
+                dead_polls = 0
+            elif not state.alive:
+                dead_polls += 1
+                if dead_polls >= 2:
+                    return state
+            else:
+                dead_polls = 0
+            if on_line and state.last_line and state.last_line != last_seen:
+                last_seen = state.last_line
+                on_line(state.last_line)
+            if self.clock() >= deadline:
+                return JobState(alive=True, status=None, last_line=state.last_line)
+            self.sleep(min(self.poll_s, max(0.05, deadline - self.clock())))
+
+
+def pool_args(opts: Mapping[str, Any]) -> list[str]:
+    out = ["--max-dist", str(opts["max_dist"]), "--tail-cap", str(opts["tail_cap"])]
+    if opts.get("filter"):
+        out += ["--filter", str(opts["filter"])]
+    return out

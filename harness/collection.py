@@ -1,0 +1,285 @@
+"""One collection session: boxes, the budget plan, the jobs' outcomes, the merge and its receipt.
+
+Created by the plugin after collection (only when sweep jobs were selected); the fixtures in
+``collect_tests/conftest.py`` open boxes through it, each ``test_sweep`` item runs one job
+through it, and ``pytest_sessionfinish`` merges every fetched rows file in one transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import cards, pools
+from harness import kinds as registry
+from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_args
+from harness.box.runner import new_run_id
+from harness.ledger import Ledger
+from harness.planner import BudgetPlan, Job
+from harness.remote.tmux import Tmux
+from harness.remote.transport import LocalTransport
+from harness.slices import SLICES
+
+JobKey = tuple[str, Job]  # (--gpu token, job)
+
+
+def estimate_order(selected: list[JobKey]) -> list[JobKey]:
+    """Run order before any box is seen: per card, slices own → cross → tail, and inside a
+    slice the kinds with the smallest pools first (estimated on the named card, or on the
+    interpreter / an H100 when the card is only known once the box is probed)."""
+    sizes: dict[tuple[str, str], int] = {}
+
+    def size(gpu: str, kind: str) -> int:
+        if (gpu, kind) not in sizes:
+            if gpu in (cards.LOCAL, cards.AUTO):
+                card = cards.by_alias("h100") if shutil.which("nvidia-smi") else cards.INTERPRETER
+            else:
+                card = cards.by_alias(gpu)
+            sizes[(gpu, kind)] = len(pools.build(card, kinds=[kind]).points())
+        return sizes[(gpu, kind)]
+
+    gpus = list(dict.fromkeys(g for g, _ in selected))
+    return sorted(selected, key=lambda gj: (gpus.index(gj[0]), SLICES.index(gj[1].slice),
+                                            size(gj[0], gj[1].kind), gj[1].kind))
+
+
+@dataclass
+class JobResult:
+    key: JobKey
+    allotment_s: float = 0.0
+    outcome: JobOutcome | None = None
+    skipped: str | None = None
+
+    def stat(self, name: str) -> Any:
+        return (self.outcome.summary.get(name, 0) if self.outcome else 0) or 0
+
+
+@dataclass
+class BoxState:
+    """A prepared box and the plan of the jobs that run on it."""
+
+    gpu: str
+    driver: BoxDriver
+    probe: dict[str, Any]
+    card: cards.Card
+    pool: dict[str, Any]
+    plan: BudgetPlan
+    setup_s: float
+    started: float = field(default_factory=time.monotonic)
+
+
+class Collection:
+    def __init__(self, config: pytest.Config, checked: dict[str, Any], order: list[JobKey]) -> None:
+        from harness.plugin import default_state_dir
+
+        o = config.option
+        self.config = config
+        self.order = order
+        self.shares: dict[str, float] = checked["shares"]
+        self.state_dir = default_state_dir()
+        self.ledger_path = Path(o.ledger).expanduser() if o.ledger else self.state_dir / "ledger.json"
+        self.rows_dir = Path(o.rows_dir).expanduser() if o.rows_dir else self.state_dir / "rows"
+        from harness.store import default_db_path
+
+        self.db_path: Path = checked["db"] or default_db_path()
+        self.run_id = new_run_id()
+        self.results: dict[JobKey, JobResult] = {k: JobResult(k) for k in order}
+        self.boxes: dict[str, BoxState] = {}
+        self.receipt_lines: list[str] = []
+        self.problems: list[str] = []
+        self._check_writable()
+
+    # -- preflight ---------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        """Fail before any box is touched when the DB or the state folder cannot be written."""
+        for what, path in (("--db", self.db_path.parent), ("--ledger", self.ledger_path.parent),
+                           ("--rows-dir", self.rows_dir)):
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise pytest.UsageError(f"{what}: cannot create {path}: {exc.strerror}") from None
+            if not os.access(path, os.W_OK):
+                raise pytest.UsageError(f"{what}: {path} is not writable; choose another path")
+
+    # -- boxes -------------------------------------------------------------------------------
+    def option(self, name: str) -> Any:
+        return getattr(self.config.option, name)
+
+    def open_box(self, gpu: str, progress: Callable[[str], None]) -> BoxState:
+        """Prepare the box for ``gpu`` (this machine for local): push, set up, probe, plan."""
+        if gpu in self.boxes:
+            return self.boxes[gpu]
+        transport = LocalTransport()
+        poll_s = self.option("poll_s") or 1.0
+        driver = BoxDriver(transport=transport, tmux=Tmux(transport, self.option("tmux_socket")),
+                           base=self.option("box_dir") or DEFAULT_BASE, python=sys.executable,
+                           poll_s=poll_s)
+        t0 = time.monotonic()
+        driver.refuse_if_busy()
+        progress(f"box {transport.name}: pushing the harness to {driver.base}")
+        driver.push_code()
+        progress(f"box {transport.name}: setup in tmux session emmy-node-setup")
+        probe = driver.setup()
+        card = self._check_card(gpu, probe)
+        progress(f"box {transport.name}: card {card.name} ({probe['regime']}); planning pools")
+        self._sync_ledger(driver, push=True)
+        pool = driver.plan(pool_args(self._opts()))
+        mine = [k for k in self.order if k[0] == gpu]
+        counts = {j: sum(pool["remaining"][j.slice].get(j.kind, {}).values()) for _, j in mine}
+        plan = BudgetPlan(self.option("budget_s"), self.shares, counts, order=[j for _, j in mine])
+        state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, pool=pool, plan=plan,
+                         setup_s=time.monotonic() - t0)
+        self.boxes[gpu] = state
+        return state
+
+    def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:
+        from harness.box.probe import card_from_probe
+
+        card = card_from_probe(probe)
+        if gpu not in (cards.LOCAL, cards.AUTO):
+            want = cards.by_alias(gpu)
+            if want.name != card.name:
+                raise BoxError(f"--gpu={gpu} wants {want.name} but the box has {card.name} "
+                               f"(device {probe.get('device_name')!r}); nothing was measured. "
+                               f"Use --gpu=auto to accept the box's card.")
+        return card
+
+    def _sync_ledger(self, driver: BoxDriver, push: bool) -> None:
+        """Fold the box's ledger into the local one (never lose a mark), then push it back."""
+        local = Ledger.load(self.ledger_path)
+        tmp = self.ledger_path.with_name(self.ledger_path.name + ".box")
+        if driver.fetch_ledger(tmp):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                local.update(Ledger.load(tmp))
+            for w in caught:
+                self.problems.append(f"box ledger: {w.message}")
+            tmp.unlink(missing_ok=True)
+        local.save(self.ledger_path)
+        if push:
+            driver.push_ledger(self.ledger_path)
+
+    def close_box(self, gpu: str) -> None:
+        state = self.boxes.get(gpu)
+        if state is None:
+            return
+        try:
+            self._sync_ledger(state.driver, push=False)
+        finally:
+            state.driver.transport.close()
+
+    def _opts(self) -> dict[str, Any]:
+        o = self.config.option
+        return {"max_dist": o.max_dist, "tail_cap": o.tail_cap, "filter": o.filter}
+
+    # -- jobs --------------------------------------------------------------------------------
+    def run_job(self, key: JobKey, box: BoxState, progress: Callable[[str], None]) -> JobResult:
+        gpu, job = key
+        res = self.results[key]
+        if self.shares.get(job.slice, 0) == 0:
+            res.skipped = f"--share-{job.slice}=0: the {job.slice} slice is skipped"
+            return res
+        if job not in box.plan.order:
+            res.skipped = (f"no {job.kind} points left to measure in the {job.slice} slice on "
+                           f"{box.card.name}" + (" (no anchors here)" if job.slice != "tail" else ""))
+            return res
+        allot = box.plan.allotment(job)
+        res.allotment_s = allot
+        if allot <= 0:
+            box.plan.skip(job)
+            res.skipped = "no budget left for this job"
+            return res
+        o = self.config.option
+        job_args = [*pool_args(self._opts()), "--batch", str(o.batch), "--seed", str(o.seed),
+                    "--point-timeout-s", str(o.point_timeout_s)]
+        bound = o.point_timeout_s * o.batch + 60
+        timeout = allot + bound
+        if o.timeout_s:
+            timeout = min(timeout, max(1.0, o.timeout_s - (time.monotonic() - box.started)))
+        progress(f"{gpu} {job.id}: {allot:.0f}s allotted")
+        outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
+                                     run_id=self.run_id, job_args=job_args, timeout_s=timeout,
+                                     rows_dir=self.rows_dir,
+                                     on_line=lambda line: progress(f"{gpu} {job.id}: {line}"))
+        box.plan.record(job, outcome.elapsed_s)
+        res.outcome = outcome
+        try:
+            self._sync_ledger(box.driver, push=False)
+        except Exception as exc:  # noqa: BLE001 - the ledger comes home at teardown again
+            self.problems.append(f"ledger fetch after {job.id} failed: {exc}")
+        return res
+
+    # -- end of session ------------------------------------------------------------------------
+    def rows_files(self) -> list[Path]:
+        return [r.outcome.rows_path for r in self.results.values()
+                if r.outcome and r.outcome.rows_path and r.outcome.rows_path.is_file()]
+
+    def finish(self) -> None:
+        files = self.rows_files()
+        if not files:
+            if any(r.outcome for r in self.results.values()):
+                self.receipt_lines.append("merge: no rows came back")
+            return
+        if self.config.option.no_merge:
+            self.receipt_lines.append("merge skipped (--no-merge); to merge by hand:")
+            self.receipt_lines.append(
+                f"  python -m harness merge {' '.join(str(f) for f in files)} --db {self.db_path}")
+            return
+        from harness.store import NodeStore, format_receipt, read_rows_file
+
+        rows: list[dict[str, Any]] = []
+        for f in files:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got, _bad = read_rows_file(f)
+            self.problems.extend(str(w.message) for w in caught)
+            rows.extend(got)
+        try:
+            with NodeStore(self.db_path) as store:
+                receipt = store.merge(rows)
+                self.receipt_lines.extend(format_receipt(receipt).splitlines())
+                self.receipt_lines.append(f"db: {self.db_path}")
+                if receipt.inserted or receipt.replaced:
+                    self.receipt_lines.append(f"backup: {store.backup()}")
+        except Exception as exc:  # noqa: BLE001 - the rows files stay; say how to retry
+            self.receipt_lines.append(f"MERGE FAILED: {exc}")
+            self.receipt_lines.append("the rows are kept; merge them by hand with:")
+            self.receipt_lines.append(
+                f"  python -m harness merge {' '.join(str(f) for f in files)} --db {self.db_path}")
+
+    def summary_lines(self) -> list[str]:
+        ran = [r for r in self.results.values() if r.outcome or r.skipped]
+        if not ran:
+            return []
+        lines = ["", "=== collect-node-data summary ===", f"run: {self.run_id}"]
+        for gpu, box in self.boxes.items():
+            lines.append(f"box {gpu}: {box.card.name} ({box.probe['regime']}), setup "
+                         f"{box.setup_s:.0f}s, sweep {box.plan.spent_s:.0f}s of "
+                         f"{self.option('budget_s'):.0f}s budget")
+        head = f"{'card':24} {'slice':5} {'kind':12} {'benched':>7} {'ok':>5} {'failed':>6} {'seconds':>8}  state"
+        lines.append(head)
+        for (gpu, job), r in self.results.items():
+            card = self.boxes[gpu].card.name if gpu in self.boxes else gpu
+            state = r.skipped and f"skipped: {r.skipped}" or (r.outcome.state if r.outcome else "not run")
+            if r.outcome and r.outcome.summary.get("stop"):
+                state += f" ({r.outcome.summary['stop']})"
+            secs = r.outcome.elapsed_s if r.outcome else 0.0
+            lines.append(f"{card[:24]:24} {job.slice:5} {job.kind:12} {r.stat('benched'):>7} "
+                         f"{r.stat('ok'):>5} {r.stat('failed'):>6} {secs:>8.1f}  {state}")
+        lines.extend(self.receipt_lines)
+        lines.append(f"ledger: {self.ledger_path}")
+        lines.extend(f"warning: {p}" for p in self.problems)
+        return lines
+
+
+def kinds_known() -> list[str]:
+    return registry.names()

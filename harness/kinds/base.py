@@ -1,0 +1,118 @@
+"""What every kernel kind provides: shapes, a knob space, realizability, and a measured kernel.
+
+The knob space, realizability and shape facts are pure Python, so the controller (which has
+no GPU and may have no torch) can size pools for any catalog card.  Inputs, the torch
+reference and the Triton launch import torch/triton lazily: they run only on the box.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from harness.cards import INTERPRET, Card
+
+Shape = Mapping[str, Any]
+Knobs = Mapping[str, Any]
+
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclass
+class Launch:
+    """A configured kernel: ``run()`` launches it (returning Triton's compiled-kernel handle,
+    None under the interpreter) and writes ``out``."""
+
+    run: Callable[[], Any]
+    out: Any
+
+
+class Kind:
+    """One kernel family.  Subclasses fill in the class attributes and the abstract methods."""
+
+    name: str = ""
+    fields: tuple[str, ...] = ()  # shape fields, in shape-id order
+
+    # -- pure part ---------------------------------------------------------------------------
+    def shape_id(self, shape: Shape) -> str:
+        """Stable id of one problem: ``matmul_M4096_N4096_K4096_bf16``."""
+        parts = []
+        for f in self.fields:
+            v = shape[f]
+            if f == "dtype":
+                parts.append(str(v))
+            elif isinstance(v, bool):
+                parts.append(f"{f}{int(v)}")
+            else:
+                parts.append(f"{f}{v}")
+        return "_".join([self.name, *parts])
+
+    def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
+        """Ordered candidate values per knob (before realizability)."""
+        raise NotImplementedError
+
+    def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
+        """Why this configuration cannot run on ``card`` (None if it can)."""
+        raise NotImplementedError
+
+    def realizable(self, knobs: Knobs, shape: Shape, card: Card) -> bool:
+        return self.unrealizable(knobs, shape, card) is None
+
+    def enumerate(self, shape: Shape, card: Card) -> list[dict[str, Any]]:
+        """Every realizable configuration of ``shape`` on ``card``: the pool."""
+        space = self.knob_space(shape, card)
+        keys = list(space)
+        out = []
+        for values in itertools.product(*(space[k] for k in keys)):
+            knobs = dict(zip(keys, values))
+            if self.realizable(knobs, shape, card):
+                out.append(knobs)
+        return out
+
+    def shape_features(self, shape: Shape) -> dict[str, Any]:
+        """``S_*`` facts of the problem that a prior may see."""
+        feats: dict[str, Any] = {f"S_{f}": (int(v) if isinstance(v, bool) else v)
+                                 for f, v in shape.items() if f in self.fields}
+        feats["S_kind"] = self.name
+        feats["S_flops"] = self.flops(shape)
+        feats["S_bytes"] = self.bytes(shape)
+        return feats
+
+    def flops(self, shape: Shape) -> float:
+        raise NotImplementedError
+
+    def bytes(self, shape: Shape) -> float:
+        raise NotImplementedError
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """(atol, rtol) for comparing the kernel with the reference."""
+        return {"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (4e-2, 4e-2)}[dtype]
+
+    # -- box part (torch / triton) ------------------------------------------------------------
+    def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
+        """Random inputs (never zeros) on ``device``; the reference output is computed once."""
+        raise NotImplementedError
+
+    def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        """The torch implementation: the B side of the A/B and the correctness oracle."""
+        raise NotImplementedError
+
+    def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        """The Triton kernel configured by ``knobs``, ready to launch on ``inputs``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def is_interpret(card: Card) -> bool:
+        return card.regime == INTERPRET
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]

@@ -1,0 +1,93 @@
+"""matmul: ``C = A @ W.T`` as in a linear layer (A is M×K, W is N×K), fp32 accumulation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.cards import Card
+from harness.kinds.base import DTYPE_BYTES, Kind, Launch, Knobs, Shape, next_pow2, torch_dtype
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Matmul(Kind):
+    name = "matmul"
+    fields = ("M", "N", "K", "dtype")
+
+    def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
+        if self.is_interpret(card):
+            return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
+                    "GROUP_M": [1, 4], "num_warps": [1, 2], "num_stages": [1, 2]}
+        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+                "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16],
+                "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
+
+    def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
+        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+        warps, stages = knobs["num_warps"], knobs["num_stages"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        # Tiles larger than the (padded) problem only repeat a smaller tile's work.
+        if bm > max(16, next_pow2(m)) or bn > max(16, next_pow2(n)) or bk > max(16, next_pow2(k)):
+            return "tile larger than the problem"
+        if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
+            return "GROUP_M larger than the M tiles it would group"
+        if self.is_interpret(card):
+            return None
+        elem = DTYPE_BYTES[shape["dtype"]]
+        smem = stages * (bm * bk + bk * bn) * elem
+        if smem > card.smem_optin:
+            return f"shared memory {smem} B > opt-in {card.smem_optin} B"
+        # fp32 accumulator registers per thread; past ~128 the kernel spills heavily
+        acc_regs = bm * bn // (32 * warps)
+        if acc_regs > 128:
+            return f"accumulator needs {acc_regs} registers per thread"
+        if acc_regs < 4:
+            return "fewer than 4 accumulator elements per thread"
+        return None
+
+    def flops(self, shape: Shape) -> float:
+        return 2.0 * shape["M"] * shape["N"] * shape["K"]
+
+    def bytes(self, shape: Shape) -> float:
+        e = DTYPE_BYTES[shape["dtype"]]
+        return float(e * (shape["M"] * shape["K"] + shape["N"] * shape["K"] + shape["M"] * shape["N"]))
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return {"fp32": (1e-3, 1e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 3e-2)}[dtype]
+
+    def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
+        scale = k ** -0.25  # outputs of order one, so one tolerance fits every K
+        a = (torch.randn(m, k, generator=g) * scale).to(device=device, dtype=dt)
+        w = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
+        return {"a": a, "w": w, "out": torch.empty(m, n, device=device, dtype=dt)}
+
+    def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        return inputs["a"] @ inputs["w"].T
+
+    def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        from harness.kinds._matmul_triton import matmul_kernel
+
+        a, w, out = inputs["a"], inputs["w"], inputs["out"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+        grid = (cdiv(m, bm) * cdiv(n, bn),)
+
+        def launch() -> Any:
+            return matmul_kernel[grid](
+                a, w, out, m, n, k,
+                a.stride(0), a.stride(1), w.stride(1), w.stride(0), out.stride(0), out.stride(1),
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=knobs["GROUP_M"],
+                num_warps=knobs["num_warps"], num_stages=knobs["num_stages"],
+            )
+
+        return Launch(run=launch, out=out)
+
+
+KIND = Matmul()

@@ -1,0 +1,145 @@
+"""The pytest plugin: options, the sweep jobs as parametrized tests, merge at session end.
+
+``conftest.py`` at the repository root loads this module.  Every option is declared here; the
+collection session (:class:`harness.collection.Collection`) is created in
+``pytest_configure`` only when sweep jobs are collected, and does the box work.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import cards
+from harness import kinds as registry
+from harness.planner import Job, ShareError, normalize_shares
+from harness.slices import SLICES
+
+COLLECTION_KEY = pytest.StashKey["Collection"]()
+JOB_KEY = pytest.StashKey[Job]()
+JOB_FIXTURE = "sweep_job"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("collect-node-data", "collect-node-data: measure kernels on a GPU box")
+    g.addoption("--gpu", default=cards.LOCAL,
+                help="card alias the box must have (l40s, h100, h200, a100-80, rtx4090, …; a comma "
+                     "list for several cards), 'auto' to accept the box's card, or 'local' to use "
+                     "this machine as the box (default: local)")
+    g.addoption("--budget-s", type=float, default=3600.0,
+                help="wall-clock seconds for the whole sweep, shared by the jobs (default 3600)")
+    g.addoption("--db", default=None,
+                help="node table to merge into (default $EMMY_TUNE_DB or ~/.cache/emmy/autotune.db)")
+    g.addoption("--ledger", default=None,
+                help="resume state (default ~/.cache/emmy/node-collect/ledger.json)")
+    g.addoption("--max-dist", type=int, default=2,
+                help="knob distance that puts a spec in the own/cross slice (default 2)")
+    for s, d in (("own", 60.0), ("cross", 25.0), ("tail", 15.0)):
+        g.addoption(f"--share-{s}", type=float, default=d,
+                    help=f"share of the budget for the {s} slice (default {d:g}; 0 skips it)")
+    g.addoption("--tail-cap", type=int, default=200, help="tail points per shape (default 200)")
+    g.addoption("--batch", type=int, default=6, help="points per batch (default 6)")
+    g.addoption("--seed", type=int, default=0, help="seed of the batch draw (default 0)")
+    g.addoption("--filter", default=None, help="keep golden shapes whose name contains this")
+    g.addoption("--box-dir", default=None,
+                help="the harness folder on the box (default ~/.local/share/emmy/node-collect)")
+    g.addoption("--rows-dir", default=None,
+                help="where fetched rows files are kept (default ~/.cache/emmy/node-collect/rows)")
+    g.addoption("--poll-s", type=float, default=None,
+                help="seconds between polls of a running job (default 2 local, 60 remote)")
+    g.addoption("--timeout-s", type=float, default=None,
+                help="stop and harvest the sweep after this many seconds (default: the budget "
+                     "plus one batch's bound)")
+    g.addoption("--point-timeout-s", type=float, default=300.0,
+                help="bound on one point (compile + check + timing), seconds (default 300)")
+    g.addoption("--tmux-socket", default=None,
+                help="tmux server socket name on the box (tmux -L); default: the user's server")
+    g.addoption("--no-merge", action="store_true", default=False,
+                help="keep the fetched rows but do not merge them (prints the merge command)")
+
+
+class _Usage(pytest.UsageError):
+    pass
+
+
+def _validate(config: pytest.Config) -> dict[str, Any]:
+    o = config.option
+    try:
+        gpus = cards.parse_gpu_option(o.gpu)
+    except cards.UnknownCardError as exc:
+        raise _Usage(f"--gpu: {exc}") from None
+    if not math.isfinite(o.budget_s) or o.budget_s <= 0:
+        raise _Usage(f"--budget-s={o.budget_s:g}: the budget must be a positive number of seconds")
+    try:
+        shares = normalize_shares({"own": o.share_own, "cross": o.share_cross, "tail": o.share_tail})
+    except ShareError as exc:
+        raise _Usage(str(exc)) from None
+    for name, val, low in (("--batch", o.batch, 1), ("--tail-cap", o.tail_cap, 0),
+                           ("--max-dist", o.max_dist, 0)):
+        if val < low:
+            raise _Usage(f"{name}={val}: must be at least {low}")
+    for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s),
+                      ("--point-timeout-s", o.point_timeout_s)):
+        if val is not None and not val > 0:
+            raise _Usage(f"{name}={val:g}: must be a positive number of seconds")
+    db = Path(o.db).expanduser() if o.db else None
+    return {"gpus": gpus, "shares": shares, "db": db}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sweep: one collection job (card × slice × kind)")
+    config._emmy_opts = None  # type: ignore[attr-defined]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if JOB_FIXTURE not in metafunc.fixturenames:
+        return
+    checked = _validate(metafunc.config)
+    params = []
+    for gpu in checked["gpus"]:
+        for s in SLICES:
+            for k in registry.names():
+                params.append(pytest.param((gpu, Job(s, k)), id=f"{gpu}-{s}-{k}",
+                                           marks=[pytest.mark.sweep]))
+    metafunc.parametrize(JOB_FIXTURE, params)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """After -k/-m deselection: order the jobs and set up the collection session."""
+    jobs = [it for it in items if JOB_FIXTURE in getattr(it, "fixturenames", ())
+            and hasattr(it, "callspec")]
+    if not jobs:
+        return
+    from harness.collection import Collection, estimate_order
+
+    checked = _validate(config)
+    selected = [it.callspec.params[JOB_FIXTURE] for it in jobs]
+    order = estimate_order(selected)
+    rank = {key: i for i, key in enumerate(order)}
+    others = [it for it in items if it not in jobs]
+    jobs.sort(key=lambda it: rank[it.callspec.params[JOB_FIXTURE]])
+    items[:] = jobs + others
+    config.stash[COLLECTION_KEY] = Collection(config, checked, order)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    coll = session.config.stash.get(COLLECTION_KEY, None)
+    if coll is not None:
+        coll.finish()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    coll = config.stash.get(COLLECTION_KEY, None)
+    if coll is not None:
+        for line in coll.summary_lines():
+            terminalreporter.write_line(line)
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("EMMY_STATE_DIR", "~/.cache/emmy/node-collect")).expanduser()

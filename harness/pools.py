@@ -1,0 +1,99 @@
+"""Pools: every realizable spec of each golden shape on one card, split into slices.
+
+Pure Python (no torch): the box builds pools for its live card, and the controller can build
+them for any catalog card to show what a budget buys before anything is rented.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness import goldens
+from harness import kinds as registry
+from harness.cards import Card
+from harness.points import make_spec, point_key
+from harness.slices import SLICES, assign_slices
+
+
+@dataclass(frozen=True)
+class Point:
+    """One thing to measure: (card, shape, spec) and the slice it fell in."""
+
+    key: str
+    gpu: str
+    kind: str
+    shape_id: str
+    spec: str
+    slice: str
+    shape: dict[str, Any] = field(hash=False, compare=False)
+    knobs: dict[str, Any] = field(hash=False, compare=False)
+
+
+@dataclass
+class ShapePool:
+    golden: goldens.GoldenShape
+    enumerated: int
+    own_anchors: list[str]
+    cross_anchors: list[str]
+    points: list[Point]
+
+
+@dataclass
+class PoolSet:
+    card: Card
+    shapes: list[ShapePool]
+    skipped_anchors: list[goldens.Anchor]
+
+    def points(self, slice_: str | None = None, kind: str | None = None) -> list[Point]:
+        return [p for sp in self.shapes for p in sp.points
+                if (slice_ is None or p.slice == slice_) and (kind is None or p.kind == kind)]
+
+    def counts(self, keep: Iterable[str] | None = None) -> dict[str, dict[str, dict[str, int]]]:
+        """slice → kind → shape_id → number of points (only keys in ``keep`` when given)."""
+        wanted = None if keep is None else set(keep)
+        out: dict[str, dict[str, dict[str, int]]] = {s: defaultdict(dict) for s in SLICES}
+        for sp in self.shapes:
+            c = Counter(p.slice for p in sp.points if wanted is None or p.key in wanted)
+            for s in SLICES:
+                if c[s]:
+                    out[s][sp.golden.kind][sp.golden.shape_id] = c[s]
+        return {s: dict(v) for s, v in out.items()}
+
+
+def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = None,
+          max_dist: int = 2, tail_cap: int = 200,
+          anchors: list[goldens.Anchor] | None = None,
+          shapes: list[goldens.GoldenShape] | None = None) -> PoolSet:
+    """Enumerate and slice every golden shape of ``card``'s regime."""
+    if shapes is None:
+        shapes = goldens.shapes(card.regime, kinds=kinds, filter=filter)
+    if anchors is None:
+        anchors = goldens.anchors()
+    by_shape: dict[tuple[str, str], list[goldens.Anchor]] = defaultdict(list)
+    for a in anchors:
+        by_shape[(a.kind, a.shape_id)].append(a)
+    out: list[ShapePool] = []
+    skipped: list[goldens.Anchor] = []
+    for g in shapes:
+        kind = registry.get(g.kind)
+        knob_list = kind.enumerate(g.shape, card)
+        spec_knobs = {make_spec(k): k for k in knob_list}
+        own, cross = [], []
+        for a in by_shape.get((g.kind, g.shape_id), []):
+            if a.spec not in spec_knobs:
+                skipped.append(a)  # the realizability filter: it does not enumerate here
+            elif a.gpu == card.name:
+                own.append(a.spec)
+            else:
+                cross.append(a.spec)
+        sliced = assign_slices(list(spec_knobs), own, cross, max_dist, tail_cap)
+        pts = [Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name, kind=g.kind,
+                     shape_id=g.shape_id, spec=spec, slice=s, shape=dict(g.shape),
+                     knobs=dict(spec_knobs[spec]))
+               for s in SLICES for spec in sliced[s]]
+        out.append(ShapePool(golden=g, enumerated=len(spec_knobs), own_anchors=own,
+                             cross_anchors=cross, points=pts))
+    return PoolSet(card=card, shapes=out, skipped_anchors=skipped)

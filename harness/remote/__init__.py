@@ -1,0 +1,1 @@
+"""Reaching the box: transports (this machine, SSH), tmux control, server providers."""
