@@ -1,0 +1,287 @@
+"""Tests of the budget planner: job order, shares, allotments and how unused time flows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from harness.planner import BudgetPlan, Job, ShareError, normalize_shares
+from harness.slices import SLICES
+
+SHARES = {"own": 60, "cross": 20, "tail": 20}
+
+
+def _pool() -> dict[Job, int]:
+    return {
+        Job("own", "matmul"): 100,
+        Job("own", "softmax"): 5,
+        Job("own", "reduce"): 5,
+        Job("cross", "matmul"): 10,
+        Job("tail", "matmul"): 0,
+    }
+
+
+# -- shares -------------------------------------------------------------------------------
+
+
+def test_normalize_shares() -> None:
+    assert normalize_shares({"own": 60, "cross": 25, "tail": 15}) == pytest.approx(
+        {"own": 0.6, "cross": 0.25, "tail": 0.15}
+    )
+    assert normalize_shares({"cross": 3}) == {"own": 0.0, "cross": 1.0, "tail": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("shares", "match"),
+    [
+        ({"own": 60, "cross": -1, "tail": 15}, r"--share-cross must be .*>= 0, got -1"),
+        ({"own": -0.5}, r"--share-own must be .*got -0.5"),
+        ({"own": math.nan}, r"--share-own"),
+        ({"own": 0, "cross": 0, "tail": 0}, r"at least one share must be positive"),
+        ({}, r"at least one share must be positive"),
+        ({"owns": 1}, r"unknown slice 'owns'.*own, cross, tail"),
+    ],
+)
+def test_bad_shares(shares: dict, match: str) -> None:
+    with pytest.raises(ShareError, match=match):
+        normalize_shares(shares)
+    assert issubclass(ShareError, ValueError)
+
+
+# -- order and nominal --------------------------------------------------------------------
+
+
+def test_job_id() -> None:
+    assert Job("own", "rms_norm").id == "own-rms_norm"
+
+
+def test_order_slices_then_smallest_pool_then_name() -> None:
+    plan = BudgetPlan(100, SHARES, _pool())
+    assert [j.id for j in plan.order] == ["own-reduce", "own-softmax", "own-matmul", "cross-matmul"]
+
+
+def test_nominal_renormalized_over_runnable_slices() -> None:
+    plan = BudgetPlan(100, SHARES, _pool())  # tail has no points: its 20 % is spread
+    assert plan.nominal == pytest.approx({"own": 75.0, "cross": 25.0, "tail": 0.0})
+
+
+def test_zero_share_slice_never_runs() -> None:
+    plan = BudgetPlan(100, {"own": 0, "cross": 1, "tail": 1}, _pool())
+    assert [j.id for j in plan.order] == ["cross-matmul"]
+    assert plan.nominal == {"own": 0.0, "cross": 100.0, "tail": 0.0}
+    with pytest.raises(
+        ValueError, match=r"'own-matmul' is not in the plan: .*zero share \(--share-own\)"
+    ):
+        plan.allotment(Job("own", "matmul"))
+
+
+def test_empty_job_not_in_plan() -> None:
+    plan = BudgetPlan(100, SHARES, _pool())
+    with pytest.raises(ValueError, match=r"'tail-matmul' is not in the plan: it has no points"):
+        plan.allotment(Job("tail", "matmul"))
+
+
+def test_nothing_to_run() -> None:
+    plan = BudgetPlan(100, SHARES, {Job("own", "matmul"): 0})
+    assert plan.order == []
+    assert plan.next_job is None
+    assert plan.nominal == {"own": 0.0, "cross": 0.0, "tail": 0.0}
+
+
+# -- allotments ---------------------------------------------------------------------------
+
+
+def test_allotments_flow_inside_and_across_slices() -> None:
+    plan = BudgetPlan(100, SHARES, _pool())
+    reduce_, softmax, matmul, cross = plan.order
+    assert plan.allotment(reduce_) == pytest.approx(25.0)  # 75 / 3 kinds
+    plan.record(reduce_, 10.0)  # 15 s unused
+    assert plan.allotment(softmax) == pytest.approx(32.5)  # (75 - 10) / 2
+    plan.record(softmax, 32.5)
+    assert plan.allotment(matmul) == pytest.approx(32.5)
+    plan.record(matmul, 30.0)  # 2.5 s unused flows to cross
+    assert plan.allotment(cross) == pytest.approx(27.5)
+    assert plan.spent_s == pytest.approx(72.5)
+    assert plan.remaining_s == pytest.approx(27.5)
+    plan.record(cross, 27.5)
+    assert plan.next_job is None
+    assert plan.remaining_s == pytest.approx(0.0)
+
+
+def test_overrun_shrinks_later_allotments_and_never_negative() -> None:
+    plan = BudgetPlan(100, SHARES, _pool())
+    reduce_, softmax, matmul, cross = plan.order
+    plan.record(reduce_, 10.0)
+    plan.record(softmax, 32.5)
+    plan.record(matmul, 40.0)  # 7.5 s over its allotment
+    assert plan.allotment(cross) == pytest.approx(17.5)
+
+    plan = BudgetPlan(100, SHARES, _pool())
+    plan.record(plan.order[0], 150.0)  # far over the whole budget
+    assert plan.allotment(plan.order[1]) == 0.0
+    assert plan.remaining_s == 0.0
+
+
+def test_skip_leaves_all_time_to_the_rest() -> None:
+    plan = BudgetPlan(90, {"own": 1}, {Job("own", "a"): 1, Job("own", "b"): 2, Job("own", "c"): 3})
+    a, b, c = plan.order
+    assert plan.allotment(a) == pytest.approx(30.0)
+    plan.skip(a)
+    assert plan.allotment(b) == pytest.approx(45.0)
+    plan.skip(b)
+    assert plan.allotment(c) == pytest.approx(90.0)
+
+
+def test_out_of_order_and_double_record_rejected() -> None:
+    plan = BudgetPlan(100, SHARES, _pool())
+    first, second = plan.order[:2]
+    with pytest.raises(
+        ValueError, match=r"'own-softmax' asked out of order; the next job is 'own-reduce'"
+    ):
+        plan.allotment(second)
+    with pytest.raises(ValueError, match="out of order"):
+        plan.record(second, 1.0)
+    plan.record(first, 1.0)
+    with pytest.raises(ValueError, match="already finished"):
+        plan.record(first, 1.0)
+
+
+@pytest.mark.parametrize("spent", [-1.0, math.inf, math.nan])
+def test_bad_spent_rejected(spent: float) -> None:
+    plan = BudgetPlan(100, SHARES, _pool())
+    with pytest.raises(ValueError, match="spent_s must be"):
+        plan.record(plan.order[0], spent)
+
+
+@pytest.mark.parametrize("budget", [-1.0, math.nan])
+def test_bad_budget_rejected(budget: float) -> None:
+    with pytest.raises(ValueError, match="--budget-s"):
+        BudgetPlan(budget, SHARES, _pool())
+
+
+def test_bad_pool_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown slice 'near'"):
+        BudgetPlan(1, SHARES, {Job("near", "matmul"): 3})
+    with pytest.raises(ValueError, match="negative pool"):
+        BudgetPlan(1, SHARES, {Job("own", "matmul"): -3})
+
+
+def test_infinite_budget() -> None:
+    plan = BudgetPlan(math.inf, SHARES, _pool())
+    assert plan.allotment(plan.order[0]) == math.inf
+
+
+# -- properties ---------------------------------------------------------------------------
+
+KINDS = ["matmul", "reduce", "rms_norm", "softmax", "attention"]
+
+_pools = st.dictionaries(
+    st.builds(Job, st.sampled_from(SLICES), st.sampled_from(KINDS)), st.integers(0, 50), max_size=12
+)
+_shares = st.fixed_dictionaries({name: st.integers(0, 100) for name in SLICES}).filter(
+    lambda s: sum(s.values()) > 0
+)
+_budgets = st.floats(1.0, 1e5)
+_fracs = st.lists(st.floats(0.0, 1.0), min_size=15, max_size=15)
+
+
+def _run(plan: BudgetPlan, fracs: list[float]) -> list[tuple[float, float, float]]:
+    """Run every job spending ``frac × allotment``; returns (spent before, allotment, spent)."""
+    steps = []
+    for job, frac in zip(plan.order, fracs, strict=False):  # fracs is long enough
+        before = plan.spent_s
+        allot = plan.allotment(job)
+        plan.record(job, frac * allot)
+        steps.append((before, allot, frac * allot))
+    return steps
+
+
+@settings(max_examples=200)
+@given(_budgets, _shares, _pools)
+def test_order_is_sorted_and_excludes_empty_and_zero_share(budget, shares, pool) -> None:
+    plan = BudgetPlan(budget, shares, pool)
+    expected = [
+        j
+        for name in SLICES
+        if shares[name] > 0
+        for j in sorted(
+            (j for j in pool if j.slice == name and pool[j] > 0), key=lambda j: (pool[j], j.kind)
+        )
+    ]
+    assert plan.order == expected
+    for name in SLICES:
+        if shares[name] == 0:
+            assert all(j.slice != name for j in plan.order)
+            assert plan.nominal[name] == 0.0
+    if plan.order:
+        assert sum(plan.nominal.values()) == pytest.approx(budget)
+
+
+@settings(max_examples=200)
+@given(_budgets, _shares, _pools, _fracs)
+def test_budget_never_exceeded_when_jobs_keep_to_allotments(budget, shares, pool, fracs) -> None:
+    plan = BudgetPlan(budget, shares, pool)
+    for before, allot, _spent in _run(plan, fracs):
+        assert allot > 0  # every runnable job gets some time
+        assert before + allot <= budget * (1 + 1e-9)
+    assert plan.spent_s <= budget * (1 + 1e-9)
+
+
+@settings(max_examples=200)
+@given(_budgets, _shares, _pools, st.lists(st.floats(0.0, 3.0), min_size=15, max_size=15))
+def test_overruns_only_cost_themselves(budget, shares, pool, fracs) -> None:
+    plan = BudgetPlan(budget, shares, pool)
+    overrun = 0.0
+    for before, allot, spent in _run(plan, fracs):
+        assert allot >= 0
+        assert allot <= max(0.0, budget - before) * (1 + 1e-9)
+        overrun += max(0.0, spent - allot)
+    assert plan.spent_s <= (budget + overrun) * (1 + 1e-9)
+
+
+def _next_allotment_after(budget, shares, pool, fracs, i: int, frac_i: float) -> float:
+    plan = BudgetPlan(budget, shares, pool)
+    fracs = list(fracs)
+    fracs[i] = frac_i
+    _run(plan, fracs[: i + 1])
+    return plan.allotment(plan.order[i + 1])
+
+
+@settings(max_examples=100)
+@given(_budgets, _shares, _pools, _fracs, st.data())
+def test_unused_time_of_a_kind_flows_to_next_kinds(budget, shares, pool, fracs, data) -> None:
+    order = BudgetPlan(budget, shares, pool).order
+    pairs = [i for i in range(len(order) - 1) if order[i].slice == order[i + 1].slice]
+    assume(pairs)
+    i = data.draw(st.sampled_from(pairs))
+    thrifty = _next_allotment_after(budget, shares, pool, fracs, i, 0.0)
+    greedy = _next_allotment_after(budget, shares, pool, fracs, i, 1.0)
+    assert thrifty > greedy
+
+
+@settings(max_examples=100)
+@given(_budgets, _shares, _pools, _fracs, st.data())
+def test_unused_slice_time_flows_to_later_slices(budget, shares, pool, fracs, data) -> None:
+    order = BudgetPlan(budget, shares, pool).order
+    edges = [i for i in range(len(order) - 1) if order[i].slice != order[i + 1].slice]
+    assume(edges)
+    i = data.draw(st.sampled_from(edges))
+    thrifty = _next_allotment_after(budget, shares, pool, fracs, i, 0.0)
+    greedy = _next_allotment_after(budget, shares, pool, fracs, i, 1.0)
+    assert thrifty > greedy
+
+
+@settings(max_examples=100)
+@given(
+    st.fixed_dictionaries(
+        {name: st.one_of(st.just(0.0), st.floats(1e-6, 1e300)) for name in SLICES}
+    )
+)
+def test_normalized_shares_sum_to_one(shares) -> None:
+    assume(sum(shares.values()) > 0)
+    out = normalize_shares(shares)
+    assert sum(out.values()) == pytest.approx(1.0)
+    assert all((out[n] == 0) == (shares[n] == 0) for n in SLICES)
