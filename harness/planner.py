@@ -20,7 +20,7 @@ recomputed from what earlier jobs really spent, so
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from harness.slices import SLICES
@@ -77,6 +77,9 @@ def normalize_shares(shares: Mapping[str, float]) -> dict[str, float]:
 class BudgetPlan:
     """Order and allotments of the selected sweep jobs under one wall-clock budget.
 
+    ``order``, when given, fixes the run order (slices must still run own → cross → tail);
+    otherwise it is computed as below.
+
     ``pool`` maps each *selected* job to the number of points it still has to measure.
     :attr:`order` runs slices own → cross → tail, and inside a slice the kinds with the
     smallest pool first (ties by kind name); jobs with no points and jobs of zero-share
@@ -89,7 +92,8 @@ class BudgetPlan:
     far.  It is never negative and never more than ``budget_s`` minus everything spent.
     """
 
-    def __init__(self, budget_s: float, shares: Mapping[str, float], pool: Mapping[Job, int]):
+    def __init__(self, budget_s: float, shares: Mapping[str, float], pool: Mapping[Job, int],
+                 order: Sequence[Job] | None = None):
         budget_s = float(budget_s)
         if math.isnan(budget_s) or budget_s < 0:
             raise ValueError(f"budget_s (--budget-s) must be >= 0 seconds, got {budget_s!r}")
@@ -112,6 +116,17 @@ class BudgetPlan:
                 key=lambda j: (pool[j], j.kind),
             )
         ]
+        if order is not None:
+            # The caller fixed the run order already (pytest runs items in collection order):
+            # keep it, minus the jobs that cannot run, as long as slices stay own → cross → tail.
+            runnable = set(self.order)
+            self.order = [job for job in order if job in runnable]
+            ranks = [SLICES.index(job.slice) for job in self.order]
+            if ranks != sorted(ranks) or len(set(self.order)) != len(self.order):
+                raise ValueError("order must run slices own → cross → tail with each job once")
+            if runnable - set(self.order):
+                missing = ", ".join(sorted(j.id for j in runnable - set(self.order)))
+                raise ValueError(f"order leaves out runnable jobs: {missing}")
         live = {job.slice for job in self.order}
         live_total = sum(self.shares[name] for name in live)
         self.nominal: dict[str, float] = {

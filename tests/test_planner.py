@@ -285,3 +285,16 @@ def test_normalized_shares_sum_to_one(shares) -> None:
     out = normalize_shares(shares)
     assert sum(out.values()) == pytest.approx(1.0)
     assert all((out[n] == 0) == (shares[n] == 0) for n in SLICES)
+
+
+def test_explicit_order_is_kept_and_checked():
+    pool = {Job("own", "matmul"): 50, Job("own", "softmax"): 5, Job("tail", "matmul"): 9,
+            Job("cross", "softmax"): 0}
+    order = [Job("own", "matmul"), Job("own", "softmax"), Job("cross", "softmax"), Job("tail", "matmul")]
+    plan = BudgetPlan(100.0, {"own": 60, "cross": 25, "tail": 15}, pool, order=order)
+    assert plan.order == [Job("own", "matmul"), Job("own", "softmax"), Job("tail", "matmul")]
+    assert plan.allotment(Job("own", "matmul")) == pytest.approx(plan.nominal["own"] / 2)
+    with pytest.raises(ValueError, match="own → cross → tail"):
+        BudgetPlan(100.0, {"own": 60, "cross": 25, "tail": 15}, pool, order=list(reversed(order)))
+    with pytest.raises(ValueError, match="leaves out runnable jobs: own-softmax"):
+        BudgetPlan(100.0, {"own": 60, "cross": 25, "tail": 15}, pool, order=order[:1] + order[3:])
