@@ -20,7 +20,7 @@ from harness.planner import Job, ShareError, normalize_shares
 from harness.slices import SLICES
 
 COLLECTION_KEY = pytest.StashKey["Collection"]()
-JOB_KEY = pytest.StashKey[Job]()
+CHECKED_KEY = pytest.StashKey[dict]()
 JOB_FIXTURE = "sweep_job"
 
 
@@ -62,43 +62,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="keep the fetched rows but do not merge them (prints the merge command)")
 
 
-class _Usage(pytest.UsageError):
-    pass
-
-
 def _validate(config: pytest.Config) -> dict[str, Any]:
     o = config.option
     try:
         gpus = cards.parse_gpu_option(o.gpu)
     except cards.UnknownCardError as exc:
-        raise _Usage(f"--gpu: {exc}") from None
+        raise pytest.UsageError(f"--gpu: {exc}") from None
     if not math.isfinite(o.budget_s) or o.budget_s <= 0:
-        raise _Usage(f"--budget-s={o.budget_s:g}: the budget must be a positive number of seconds")
+        raise pytest.UsageError(f"--budget-s={o.budget_s:g}: the budget must be a positive number of seconds")
     try:
         shares = normalize_shares({"own": o.share_own, "cross": o.share_cross, "tail": o.share_tail})
     except ShareError as exc:
-        raise _Usage(str(exc)) from None
+        raise pytest.UsageError(str(exc)) from None
     for name, val, low in (("--batch", o.batch, 1), ("--tail-cap", o.tail_cap, 0),
                            ("--max-dist", o.max_dist, 0)):
         if val < low:
-            raise _Usage(f"{name}={val}: must be at least {low}")
+            raise pytest.UsageError(f"{name}={val}: must be at least {low}")
     for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s),
                       ("--point-timeout-s", o.point_timeout_s)):
         if val is not None and not val > 0:
-            raise _Usage(f"{name}={val:g}: must be a positive number of seconds")
+            raise pytest.UsageError(f"{name}={val:g}: must be a positive number of seconds")
     db = Path(o.db).expanduser() if o.db else None
     return {"gpus": gpus, "shares": shares, "db": db}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sweep: one collection job (card × slice × kind)")
-    config._emmy_opts = None  # type: ignore[attr-defined]
+    # Every option is checked up front: a bad value stops the run before anything is touched.
+    config.stash[CHECKED_KEY] = _validate(config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if JOB_FIXTURE not in metafunc.fixturenames:
         return
-    checked = _validate(metafunc.config)
+    checked = metafunc.config.stash[CHECKED_KEY]
     params = []
     for gpu in checked["gpus"]:
         for s in SLICES:
@@ -118,7 +115,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     from harness.collection import Collection, estimate_order
 
-    checked = _validate(config)
+    checked = config.stash[CHECKED_KEY]
     selected = [it.callspec.params[JOB_FIXTURE] for it in jobs]
     order = estimate_order(selected)
     rank = {key: i for i, key in enumerate(order)}

@@ -1,0 +1,68 @@
+"""End to end: ``pytest collect_tests --gpu=local`` in the interpret regime, real tmux, real DB."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def tmux_socket():
+    name = f"emmy-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+
+
+def _collect(tmp_path: Path, socket: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
+    env["EMMY_STATE_DIR"] = str(tmp_path / "state")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [sys.executable, "-m", "pytest", "collect_tests", "--gpu=local", "-p", "no:cacheprovider",
+           f"--db={tmp_path / 'db' / 'autotune.db'}", f"--box-dir={tmp_path / 'box'}",
+           f"--tmux-socket={socket}", "--poll-s=0.5", "--filter=fp32", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_collect_local_interpret_end_to_end(tmp_path: Path, tmux_socket: str) -> None:
+    r = _collect(tmp_path, tmux_socket, "--budget-s=45", "-k", "matmul or softmax")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "=== collect-node-data summary ===" in out
+    assert "merged " in out and "backup: " in out, out[-3000:]
+
+    db = sqlite3.connect(tmp_path / "db" / "autotune.db")
+    rows = db.execute("select gpu, regime, kind, slice, status, value_us, n_samples, features, "
+                      "shape_spec, point_key from node").fetchall()
+    assert rows, "no rows merged"
+    assert {r[0] for r in rows} == {"Triton CPU interpreter"}
+    assert {r[1] for r in rows} == {"interpret"}
+    assert {r[2] for r in rows} == {"matmul", "softmax"}
+    assert {"own", "cross"} <= {r[3] for r in rows}
+    ok = [r for r in rows if r[4] == "ok"]
+    assert len(ok) >= 0.9 * len(rows)
+    assert all(r[5] > 0 and r[6] == 3 for r in ok)
+    assert all('"H_sm_count"' in r[7] and '"S_kind"' in r[7] for r in rows)
+    assert len({r[9] for r in rows}) == len(rows)
+    assert list((tmp_path / "db" / "backups").glob("autotune-*.db"))
+    # the sessions are gone once the run ends
+    alive = subprocess.run(["tmux", "-L", tmux_socket, "has-session", "-t", "=emmy-node-sweep"],
+                           capture_output=True)
+    assert alive.returncode != 0
+
+    # resume: what the ledger marks done is not measured again
+    n_before = len(rows)
+    r2 = _collect(tmp_path, tmux_socket, "--budget-s=20", "-k", "own and softmax")
+    assert r2.returncode == 0, (r2.stdout + r2.stderr)[-3000:]
+    assert "no softmax points left to measure in the own slice" in r2.stdout
+    n_after = db.execute("select count(*) from node").fetchone()[0]
+    assert n_after == n_before
