@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import shlex
 import tempfile
 import time
@@ -151,8 +152,10 @@ class BoxDriver:
         for attempt in range(6):
             self.tmux.kill(SWEEP_SESSION)
             sig = "-9" if attempt >= 2 else "-15"
-            self.transport.run(["pkill", sig, "-f", "[h]arness.box (run|worker)"], check=False,
-                               timeout=60)
+            # only this box folder's job (its argv names our rows folder); its bench worker
+            # exits when the job's end of the pipe closes
+            pattern = "[h]arness[.]box run .*" + re.escape(self.path("rows"))
+            self.transport.run(["pkill", sig, "-f", "--", pattern], check=False, timeout=60)
             if not self.tmux.alive(SWEEP_SESSION):
                 return
             self.sleep(5)
