@@ -21,8 +21,8 @@ import pytest
 
 from harness import cards, pools
 from harness import kinds as registry
-from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_args
 from harness.box.runner import new_run_id
+from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_args
 from harness.ledger import Ledger
 from harness.planner import BudgetPlan, Job
 from harness.remote.tmux import Tmux

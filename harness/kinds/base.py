@@ -70,7 +70,7 @@ class Kind:
         keys = list(space)
         out = []
         for values in itertools.product(*(space[k] for k in keys)):
-            knobs = dict(zip(keys, values))
+            knobs = dict(zip(keys, values, strict=True))
             if self.realizable(knobs, shape, card):
                 out.append(knobs)
         return out

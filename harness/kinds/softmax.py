@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Launch, Knobs, Shape, next_pow2, torch_dtype
+from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
 
 
 class Softmax(Kind):
