@@ -50,6 +50,7 @@ class BoxDriver:
     tmux: Tmux
     base: str = DEFAULT_BASE
     python: str = "python3"
+    use_venv: bool = False  # remote boxes get a venv; this machine uses the running python
     env: dict[str, str] = field(default_factory=dict)
     poll_s: float = 60.0
     sleep: Callable[[float], None] = time.sleep
@@ -76,18 +77,47 @@ class BoxDriver:
         self.transport.run(["chmod", "700", self.base])
         self.transport.put_tree(CODE_ROOT / "harness", self.path("repo", "harness"), _EXCLUDE)
 
+    def setup_script(self) -> str:
+        """The setup run in tmux: a venv that sees the box's own torch and Triton (installed
+        only where missing), an import check, then the probe.  One word lands in
+        ``setup.status``: SETUP_OK or SETUP_FAIL."""
+        q = shlex.quote
+        probe = f"cd {q(self.path('repo'))} && {q(self.box_python)} -m harness.box probe --out {q(self.path('probe.json'))}"
+        if not self.use_venv:
+            body = f"{q(self.python)} -c 'import torch, triton' && {probe}"
+        else:
+            venv = self.path("venv")
+            body = (f"( [ -x {q(venv)}/bin/python ] || {q(self.python)} -m venv --system-site-packages {q(venv)} ) && "
+                    f"( {q(venv)}/bin/python -c 'import torch' || {q(venv)}/bin/python -m pip install torch ) && "
+                    f"( {q(venv)}/bin/python -c 'import triton' || {q(venv)}/bin/python -m pip install triton ) && "
+                    f"{q(venv)}/bin/python -c 'import torch, triton; print(torch.__version__, triton.__version__)' && "
+                    f"{probe}")
+        status = q(self.path("setup.status"))
+        return (f"if {body}; then echo SETUP_OK > {status}.tmp; else echo SETUP_FAIL > {status}.tmp; fi; "
+                f"mv {status}.tmp {status}")
+
+    @property
+    def box_python(self) -> str:
+        return self.path("venv", "bin", "python") if self.use_venv else self.python
+
     def setup(self, timeout_s: float = 4500.0) -> dict[str, Any]:
-        """Check the box can import torch and triton, probe it; return the probe."""
-        script = (f"{shlex.quote(self.python)} -c 'import torch, triton' && "
-                  f"{shlex.quote(self.python)} -m harness.box probe --out {shlex.quote(self.path('probe.json'))}")
-        self.tmux.start(SETUP_SESSION, ["bash", "-c", script], cwd=self.path("repo"),
-                        log=self.path("setup.log"), status=self.path("setup.status"), env=self.env)
-        state = self._wait(SETUP_SESSION, self.path("setup.log"), self.path("setup.status"),
-                           timeout_s, on_line=None)
-        if state.status != "0":
-            raise BoxError(f"setup failed on {self.transport.name} (status {state.status}); "
-                           f"tail of setup.log:\n{self.tail(self.path('setup.log'), 40)}")
-        return self.read_json(self.path("probe.json"))
+        """Set the box up in tmux ``emmy-node-setup``; retry once from a clean venv; probe."""
+        for attempt in (1, 2):
+            if attempt == 2:
+                if not self.use_venv:
+                    break
+                self.transport.run(["rm", "-rf", self.path("venv")], check=False)
+            self.transport.run(["rm", "-f", self.path("setup.status"), self.path("probe.json")],
+                               check=False)
+            self.tmux.start(SETUP_SESSION, ["bash", "-c", self.setup_script()], cwd=self.base,
+                            log=self.path("setup.log"), status=self.path("setup.rc"), env=self.env)
+            state = self._wait(SETUP_SESSION, self.path("setup.log"), self.path("setup.rc"),
+                               timeout_s, on_line=None)
+            word = self.transport.run(["cat", self.path("setup.status")], check=False).stdout.strip()
+            if state.status == "0" and word == "SETUP_OK":
+                return self.read_json(self.path("probe.json"))
+        raise BoxError(f"setup failed on {self.transport.name} ({word or 'no status'}); "
+                       f"tail of setup.log:\n{self.tail(self.path('setup.log'), 40)}")
 
     # -- files --------------------------------------------------------------------------------
     def read_json(self, remote: str) -> Any:
@@ -110,7 +140,7 @@ class BoxDriver:
 
     # -- plan and jobs ------------------------------------------------------------------------
     def plan(self, pool_args: Sequence[str]) -> dict[str, Any]:
-        argv = [self.python, "-m", "harness.box", "plan", "--ledger", self.path("ledger.json"),
+        argv = [self.box_python, "-m", "harness.box", "plan", "--ledger", self.path("ledger.json"),
                 "--out", self.path("pool.json"), *pool_args]
         self.transport.run(["sh", "-c", f"cd {shlex.quote(self.path('repo'))} && {shlex.join(argv)}"],
                            timeout=900, env=self.env)
@@ -123,7 +153,7 @@ class BoxDriver:
         rows = self.path("rows", run_id, f"{name}.jsonl")
         summary = self.path("summary", run_id, f"{name}.json")
         self.transport.run(["mkdir", "-p", self.path("rows", run_id), self.path("summary", run_id)])
-        argv = [self.python, "-m", "harness.box", "run", "--slice", slice_, "--kind", kind,
+        argv = [self.box_python, "-m", "harness.box", "run", "--slice", slice_, "--kind", kind,
                 "--budget-s", f"{budget_s:.1f}", "--rows", rows, "--ledger", self.path("ledger.json"),
                 "--summary", summary, "--run-id", run_id, *job_args]
         t0 = self.clock()
