@@ -13,7 +13,13 @@ from harness.kinds.base import Kind
 # kind name -> module under harness.kinds that defines KIND
 _MODULES: dict[str, str] = {
     "matmul": "matmul",
+    "reduce": "reduce",
+    "rms_norm": "rms_norm",
     "softmax": "softmax",
+    "attention": "attention",
+    "norm_linear": "norm_linear",
+    "mlp_geglu": "mlp_geglu",
+    "linear_norm": "linear_norm",
 }
 
 _cache: dict[str, Kind] = {}

@@ -1,0 +1,105 @@
+"""attention: the flash-attention forward pass ``softmax(Q K^T / sqrt(d)) V`` per
+(batch, head), causal or not; Q, K, V and the output are (batch, heads, seq, head_dim).
+
+Queries and keys have the same length and every head has its own K/V (the kernel's work per
+head is the same under grouped-query attention; only K/V reuse across heads differs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.cards import Card
+from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
+from harness.kinds.matmul import cdiv
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+class Attention(Kind):
+    name = "attention"
+    fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
+
+    def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
+        if self.is_interpret(card):
+            return {"BLOCK_M": [16, 32, 64], "BLOCK_N": [16, 32, 64], "num_warps": [1, 2],
+                    "num_stages": [1, 2]}
+        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+                "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
+
+    def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
+        bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
+        warps, stages = knobs["num_warps"], knobs["num_stages"]
+        d, seq = shape["head_dim"], shape["seq"]
+        if d not in HEAD_DIMS:
+            return f"head_dim {d} is not one of {HEAD_DIMS}"
+        if bm > max(16, next_pow2(seq)) or bn > max(16, next_pow2(seq)):
+            return "tile larger than the sequence"
+        if self.is_interpret(card):
+            return None
+        e = DTYPE_BYTES[shape["dtype"]]
+        # Q tile, plus K and V tiles for every pipeline stage
+        smem = (bm * d + 2 * max(1, stages) * bn * d) * e
+        if smem > card.smem_optin:
+            return f"shared memory {smem} B > opt-in {card.smem_optin} B"
+        # fp32 output accumulator and score tile per thread; past ~192 it spills heavily
+        regs = (bm * d + bm * bn) // (32 * warps)
+        if regs > 192:
+            return f"accumulator and scores need {regs} registers per thread"
+        if bm * d // (32 * warps) < 4:
+            return "fewer than 4 accumulator elements per thread"
+        return None
+
+    def flops(self, shape: Shape) -> float:
+        f = 4.0 * shape["batch"] * shape["heads"] * shape["seq"] ** 2 * shape["head_dim"]
+        return f / 2 if shape["causal"] else f
+
+    def bytes(self, shape: Shape) -> float:
+        e = DTYPE_BYTES[shape["dtype"]]
+        return 4.0 * e * shape["batch"] * shape["heads"] * shape["seq"] * shape["head_dim"]
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        # fp32 dots run as tf32 on the GPU
+        return {"fp32": (5e-3, 5e-3), "fp16": (5e-3, 1e-2), "bf16": (2e-2, 2e-2)}[dtype]
+
+    def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        dims = (shape["batch"], shape["heads"], shape["seq"], shape["head_dim"])
+        dt = torch_dtype(shape["dtype"])
+        q, k, v = (torch.randn(*dims, generator=g).to(device=device, dtype=dt) for _ in range(3))
+        return {"q": q, "k": k, "v": v, "out": torch.empty_like(q)}
+
+    def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        if q.device.type == "cpu":  # CPU SDPA lacks some half kernels: compute in fp32
+            q, k, v = q.float(), k.float(), v.float()
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                               is_causal=bool(shape["causal"]))
+        return out.to(inputs["q"].dtype)
+
+    def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        from harness.kinds._attention_triton import attention_kernel
+
+        q, k, v, out = inputs["q"], inputs["k"], inputs["v"], inputs["out"]
+        bm = knobs["BLOCK_M"]
+        grid = (cdiv(shape["seq"], bm), shape["batch"] * shape["heads"])
+        sm_scale = shape["head_dim"] ** -0.5
+
+        def launch() -> Any:
+            return attention_kernel[grid](
+                q, k, v, out, sm_scale, shape["heads"], shape["seq"],
+                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                HEAD_DIM=shape["head_dim"], BLOCK_M=bm, BLOCK_N=knobs["BLOCK_N"],
+                CAUSAL=bool(shape["causal"]),
+                num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
+
+        return Launch(run=launch, out=out)
+
+
+KIND = Attention()

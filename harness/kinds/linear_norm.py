@@ -1,0 +1,139 @@
+"""linear_norm: a linear whose output is RMS-normalized over N (a post-norm, as after Gemma-2's
+attention output projection): ``out = rmsnorm(x @ W.T, w_norm)`` with x M×K, W N×K.
+
+The norm needs whole rows of the linear's output, and one N-tile holds only part of a row.
+Two correct schemes, chosen by the ``ROW_PROGRAM`` knob:
+
+* ``ROW_PROGRAM=0`` (tiled, two launches): an ordinary tiled matmul writes ``z = x @ W.T``
+  unnormalized plus each tile's per-row sum of ``z**2`` into an fp32 workspace; a second
+  launch folds a row's partial sums and rescales the row in place.
+* ``ROW_PROGRAM=1`` (one launch): each program owns BLOCK_M whole rows, walks the row's N
+  tiles (writing them unnormalized and summing ``z**2``), then re-reads and rescales what it
+  wrote.  Only as many programs as row blocks, so it is offered only where those fill the GPU.
+
+Both round ``z`` to the output dtype before normalizing, as the unfused pair of ops does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.cards import Card
+from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
+from harness.kinds.matmul import cdiv
+
+EPS = 1e-6
+
+
+class LinearNorm(Kind):
+    name = "linear_norm"
+    fields = ("M", "N", "K", "dtype")
+
+    def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
+        if self.is_interpret(card):
+            return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
+                    "GROUP_M": [1, 2], "ROW_PROGRAM": [0, 1], "num_warps": [1],
+                    "num_stages": [1]}
+        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+                "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16], "ROW_PROGRAM": [0, 1],
+                "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
+
+    def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
+        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+        warps, stages, row_program = knobs["num_warps"], knobs["num_stages"], knobs["ROW_PROGRAM"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        if bm > max(16, next_pow2(m)) or bn > max(16, next_pow2(n)) or bk > max(16, next_pow2(k)):
+            return "tile larger than the problem"
+        if row_program and knobs["GROUP_M"] > 1:
+            return "a row program walks its own N tiles: GROUP_M does not apply"
+        if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
+            return "GROUP_M larger than the M tiles it would group"
+        if self.is_interpret(card):
+            return None
+        if row_program and cdiv(m, bm) < card.sm_count // 4:
+            return (f"{cdiv(m, bm)} row programs leave most of the {card.sm_count} SMs idle")
+        elem = DTYPE_BYTES[shape["dtype"]]
+        smem = stages * (bm * bk + bk * bn) * elem
+        if smem > card.smem_optin:
+            return f"shared memory {smem} B > opt-in {card.smem_optin} B"
+        # fp32 accumulator (plus the row program's running z**2 tile) per thread
+        acc_regs = bm * bn // (32 * warps)
+        live = 2 * acc_regs if row_program else acc_regs
+        if live > 128:
+            return f"accumulators need {live} registers per thread"
+        if acc_regs < 4:
+            return "fewer than 4 accumulator elements per thread"
+        return None
+
+    def flops(self, shape: Shape) -> float:
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        return 2.0 * m * n * k + 4.0 * m * n
+
+    def bytes(self, shape: Shape) -> float:
+        e = DTYPE_BYTES[shape["dtype"]]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        return float(e * (m * k + n * k + n + m * n))
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return {"fp32": (5e-3, 5e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 3e-2)}[dtype]
+
+    def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
+        scale = k ** -0.25
+        x = (torch.randn(m, k, generator=g) * scale).to(device=device, dtype=dt)
+        w = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
+        wn = (1 + 0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dt)
+        return {"x": x, "w": w, "w_norm": wn, "out": torch.empty(m, n, device=device, dtype=dt)}
+
+    def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        z = (inputs["x"] @ inputs["w"].T).float()
+        y = z * torch.rsqrt((z * z).mean(-1, keepdim=True) + EPS) * inputs["w_norm"].float()
+        return y.to(inputs["x"].dtype)
+
+    def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        import torch
+
+        from harness.kinds._linear_norm_triton import (
+            linear_norm_row_kernel,
+            linear_norm_tile_kernel,
+            rms_rows_kernel,
+        )
+
+        x, w, wn, out = inputs["x"], inputs["w"], inputs["w_norm"], inputs["out"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+        warps, stages = knobs["num_warps"], knobs["num_stages"]
+        strides = (x.stride(0), x.stride(1), w.stride(1), w.stride(0),
+                   out.stride(0), out.stride(1))
+        if knobs["ROW_PROGRAM"]:
+            def launch_rows() -> Any:
+                return linear_norm_row_kernel[(cdiv(m, bm),)](
+                    x, w, wn, out, m, n, k, EPS, *strides,
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+
+            return Launch(run=launch_rows, out=out)
+
+        parts = cdiv(n, bn)
+        ss = torch.empty(m, parts, device=x.device, dtype=torch.float32)
+        fold_p = max(16, next_pow2(parts))
+        fold_n = min(max(16, next_pow2(n)), 1024)
+
+        def launch_tiles() -> Any:
+            handle = linear_norm_tile_kernel[(cdiv(m, bm) * parts,)](
+                x, w, out, ss, m, n, k, *strides, ss.stride(0),
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=knobs["GROUP_M"],
+                num_warps=warps, num_stages=stages)
+            rms_rows_kernel[(m,)](out, ss, wn, m, n, parts, EPS, out.stride(0), ss.stride(0),
+                                  BLOCK_P=fold_p, BLOCK_N=fold_n, num_warps=4)
+            return handle
+
+        return Launch(run=launch_tiles, out=out)
+
+
+KIND = LinearNorm()

@@ -1,0 +1,97 @@
+"""mlp_geglu: the gate and up projections of a gated MLP with GELU gating fused into one
+kernel: ``out = gelu_tanh(x @ Wg.T) * (x @ Wu.T)`` (x M×K, Wg and Wu N×K, out M×N)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.cards import Card
+from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
+from harness.kinds.matmul import cdiv
+
+
+class MlpGeglu(Kind):
+    name = "mlp_geglu"
+    fields = ("M", "N", "K", "dtype")
+
+    def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
+        if self.is_interpret(card):
+            return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
+                    "GROUP_M": [1, 2], "num_warps": [1, 2], "num_stages": [1]}
+        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+                "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16],
+                "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
+
+    def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
+        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+        warps, stages = knobs["num_warps"], knobs["num_stages"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        if bm > max(16, next_pow2(m)) or bn > max(16, next_pow2(n)) or bk > max(16, next_pow2(k)):
+            return "tile larger than the problem"
+        if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
+            return "GROUP_M larger than the M tiles it would group"
+        if self.is_interpret(card):
+            return None
+        elem = DTYPE_BYTES[shape["dtype"]]
+        smem = stages * (bm * bk + 2 * bk * bn) * elem  # an x tile and two weight tiles
+        if smem > card.smem_optin:
+            return f"shared memory {smem} B > opt-in {card.smem_optin} B"
+        acc_regs = 2 * bm * bn // (32 * warps)  # gate and up accumulators, fp32
+        if acc_regs > 128:
+            return f"accumulators need {acc_regs} registers per thread"
+        if acc_regs < 8:
+            return "fewer than 4 elements per accumulator per thread"
+        return None
+
+    def flops(self, shape: Shape) -> float:
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        return 4.0 * m * n * k + 10.0 * m * n
+
+    def bytes(self, shape: Shape) -> float:
+        e = DTYPE_BYTES[shape["dtype"]]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        return float(e * (m * k + 2 * n * k + m * n))
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return {"fp32": (5e-3, 5e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 3e-2)}[dtype]
+
+    def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
+        scale = k ** -0.25  # gate and up of order one
+        x = (torch.randn(m, k, generator=g) * scale).to(device=device, dtype=dt)
+        wg = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
+        wu = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
+        return {"x": x, "w_gate": wg, "w_up": wu,
+                "out": torch.empty(m, n, device=device, dtype=dt)}
+
+    def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        x = inputs["x"]
+        gate = (x @ inputs["w_gate"].T).float()
+        up = (x @ inputs["w_up"].T).float()
+        return (torch.nn.functional.gelu(gate, approximate="tanh") * up).to(x.dtype)
+
+    def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        from harness.kinds._mlp_geglu_triton import mlp_geglu_kernel
+
+        x, wg, wu, out = inputs["x"], inputs["w_gate"], inputs["w_up"], inputs["out"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
+        grid = (cdiv(m, bm) * cdiv(n, bn),)
+
+        def launch() -> Any:
+            return mlp_geglu_kernel[grid](
+                x, wg, wu, out, m, n, k,
+                x.stride(0), x.stride(1), wg.stride(1), wg.stride(0), out.stride(0), out.stride(1),
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=knobs["BLOCK_K"], GROUP_M=knobs["GROUP_M"],
+                num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
+
+        return Launch(run=launch, out=out)
+
+
+KIND = MlpGeglu()

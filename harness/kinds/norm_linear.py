@@ -1,0 +1,101 @@
+"""norm_linear: an RMSNorm fused into the linear that follows it (Llama's input norm + QKV
+projection, final norm + LM head): ``out = rmsnorm(x, w_norm) @ W.T`` with x M×K, W N×K."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.cards import Card
+from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
+from harness.kinds.matmul import cdiv
+
+EPS = 1e-6
+
+
+class NormLinear(Kind):
+    name = "norm_linear"
+    fields = ("M", "N", "K", "dtype")
+
+    def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
+        if self.is_interpret(card):
+            return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
+                    "GROUP_M": [1, 2], "PROLOGUE": [0, 1], "num_warps": [1], "num_stages": [1]}
+        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+                "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16], "PROLOGUE": [0, 1],
+                "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
+
+    def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
+        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+        warps, stages = knobs["num_warps"], knobs["num_stages"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        if bm > max(16, next_pow2(m)) or bn > max(16, next_pow2(n)) or bk > max(16, next_pow2(k)):
+            return "tile larger than the problem"
+        if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
+            return "GROUP_M larger than the M tiles it would group"
+        if self.is_interpret(card):
+            return None
+        elem = DTYPE_BYTES[shape["dtype"]]
+        smem = stages * (bm * bk + bk * bn + bk) * elem
+        if smem > card.smem_optin:
+            return f"shared memory {smem} B > opt-in {card.smem_optin} B"
+        # fp32 accumulator (plus, when the norm is fused into the main loop, the running
+        # sum of squares) per thread; past ~128 the kernel spills heavily
+        acc_regs = bm * bn // (32 * warps)
+        live = acc_regs + (0 if knobs["PROLOGUE"] else bm * bk // (32 * warps))
+        if live > 128:
+            return f"accumulators need {live} registers per thread"
+        if acc_regs < 4:
+            return "fewer than 4 accumulator elements per thread"
+        return None
+
+    def flops(self, shape: Shape) -> float:
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        return 2.0 * m * n * k + 4.0 * m * k
+
+    def bytes(self, shape: Shape) -> float:
+        e = DTYPE_BYTES[shape["dtype"]]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        return float(e * (m * k + k + n * k + m * n))
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return {"fp32": (5e-3, 5e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 3e-2)}[dtype]
+
+    def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
+        # the normalized rows have unit RMS, so W ~ K**-0.5 gives outputs of order one
+        x = (torch.randn(m, k, generator=g) * 3).to(device=device, dtype=dt)
+        wn = (1 + 0.1 * torch.randn(k, generator=g)).to(device=device, dtype=dt)
+        w = (torch.randn(n, k, generator=g) * k ** -0.5).to(device=device, dtype=dt)
+        return {"x": x, "w_norm": wn, "w": w, "out": torch.empty(m, n, device=device, dtype=dt)}
+
+    def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        x = inputs["x"].float()
+        xn = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * inputs["w_norm"].float()
+        return xn.to(inputs["x"].dtype) @ inputs["w"].T
+
+    def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        from harness.kinds._norm_linear_triton import norm_linear_kernel
+
+        x, wn, w, out = inputs["x"], inputs["w_norm"], inputs["w"], inputs["out"]
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
+        grid = (cdiv(m, bm) * cdiv(n, bn),)
+
+        def launch() -> Any:
+            return norm_linear_kernel[grid](
+                x, wn, w, out, m, n, k, EPS,
+                x.stride(0), x.stride(1), w.stride(1), w.stride(0), out.stride(0), out.stride(1),
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=knobs["BLOCK_K"], GROUP_M=knobs["GROUP_M"],
+                PROLOGUE=knobs["PROLOGUE"],
+                num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
+
+        return Launch(run=launch, out=out)
+
+
+KIND = NormLinear()

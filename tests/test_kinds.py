@@ -1,0 +1,338 @@
+"""Kinds: every kernel against its torch reference, the pools and the golden data behind them.
+
+The kernels run under Triton's CPU interpreter in a subprocess per kind: Triton reads
+``TRITON_INTERPRET`` when it is imported, and an xdist worker may already hold a Triton
+imported without it.  The same subprocess is how the box imports kinds, so this module runs
+itself as that subprocess (``python tests/test_kinds.py KIND [SHAPES_JSON]``).  The ``gpu``
+test measures samples of every golden pool on a real card.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":  # run as the interpreter subprocess: the repo root is not on the path
+    sys.path.insert(0, str(ROOT))
+
+from harness import goldens, pools  # noqa: E402
+from harness import kinds as registry  # noqa: E402
+from harness.cards import DEPLOYABLE, INTERPRET, INTERPRETER, by_alias, by_name  # noqa: E402
+from harness.points import make_spec, parse_spec  # noqa: E402
+
+ALL_KINDS = registry.names()
+NEW_KINDS = ["reduce", "rms_norm", "attention", "norm_linear", "mlp_geglu", "linear_norm"]
+# kinds whose big tiles are bounded by shared memory (the others stage nothing through it)
+SMEM_BOUND = ["matmul", "attention", "norm_linear", "mlp_geglu", "linear_norm"]
+SYNTHETIC_GPU = "synthetic reference"  # plays another card in the interpreter's anchors
+
+
+# -- the interpreter subprocess ----------------------------------------------------------------
+def _check_pools_interpreted(kind_name: str, shapes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run every spec of the interpreter pool of each shape; one result per spec."""
+
+    kind = registry.get(kind_name)
+    results = []
+    for shape in shapes:
+        inputs = kind.make_inputs(shape, "cpu", 0)
+        ref = kind.reference(shape, inputs).float()
+        atol, rtol = kind.tolerance(shape["dtype"])
+        for knobs in kind.enumerate(shape, INTERPRETER):
+            inputs["out"].fill_(float("nan"))  # a kernel that skips outputs cannot pass
+            launch = kind.prepare(knobs, shape, inputs)
+            launch.run()
+            out = launch.out.float()
+            err = None
+            if out.shape != ref.shape:
+                err = f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+            else:
+                diff = (out - ref).abs()
+                bad = ~(diff <= atol + rtol * ref.abs())  # NaN counts as bad
+                if bool(bad.any()):
+                    err = (f"{int(bad.sum())}/{bad.numel()} off, max err "
+                           f"{float(diff.nan_to_num(math.inf).max()):.3g}")
+            results.append({"shape_id": kind.shape_id(shape), "spec": make_spec(knobs),
+                            "error": err})
+    return results
+
+
+def _run_interpreted(kind_name: str, shapes: list[dict[str, Any]] | None = None,
+                     ) -> list[dict[str, Any]]:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), kind_name]
+    if shapes is not None:
+        cmd.append(json.dumps(shapes))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"interpreter run of {kind_name} failed:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _interpret_shapes(kind_name: str) -> list[goldens.GoldenShape]:
+    return goldens.shapes(INTERPRET, kinds=[kind_name])
+
+
+@pytest.mark.parametrize("kind_name", ALL_KINDS)
+def test_interpreter_pool_matches_reference(kind_name: str) -> None:
+    tiny = _interpret_shapes(kind_name)
+    assert 1 <= len(tiny) <= 2, f"{kind_name}: keep 1-2 tiny interpreter shapes"
+    results = _run_interpreted(kind_name)
+    for g in tiny:
+        ran = [r for r in results if r["shape_id"] == g.shape_id]
+        pool = registry.get(kind_name).enumerate(g.shape, INTERPRETER)
+        assert len(ran) == len(pool) >= 5, f"{g.shape_id}: ran {len(ran)} of {len(pool)} specs"
+    failures = [r for r in results if r["error"]]
+    assert not failures, f"{len(failures)} specs differ from the reference: {failures[:5]}"
+
+
+def test_reduce_every_op_interpreted() -> None:
+    from harness.kinds.reduce import OPS
+
+    shapes = [{"M": 5, "N": 70, "op": op, "dtype": "fp32"} for op in OPS]
+    results = _run_interpreted("reduce", shapes)
+    assert {r["shape_id"] for r in results} == {f"reduce_M5_N70_op{op}_fp32" for op in OPS}
+    assert not [r for r in results if r["error"]]
+
+
+# -- shapes and ids ----------------------------------------------------------------------------
+def test_shape_ids_are_stable() -> None:
+    expect = {
+        "matmul": ({"M": 16, "N": 6144, "K": 4096, "dtype": "bf16"},
+                   "matmul_M16_N6144_K4096_bf16"),
+        "softmax": ({"M": 32, "N": 8192, "dtype": "bf16"}, "softmax_M32_N8192_bf16"),
+        "reduce": ({"M": 16, "N": 128256, "op": "max", "dtype": "fp32"},
+                   "reduce_M16_N128256_opmax_fp32"),
+        "rms_norm": ({"M": 4096, "N": 4096, "dtype": "bf16"}, "rms_norm_M4096_N4096_bf16"),
+        "attention": ({"batch": 1, "heads": 32, "seq": 4096, "head_dim": 128, "causal": True,
+                       "dtype": "bf16"},
+                      "attention_batch1_heads32_seq4096_head_dim128_causal1_bf16"),
+        "norm_linear": ({"M": 16, "N": 6144, "K": 4096, "dtype": "bf16"},
+                        "norm_linear_M16_N6144_K4096_bf16"),
+        "mlp_geglu": ({"M": 2048, "N": 14336, "K": 4096, "dtype": "bf16"},
+                      "mlp_geglu_M2048_N14336_K4096_bf16"),
+        "linear_norm": ({"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"},
+                        "linear_norm_M4096_N4096_K4096_bf16"),
+    }
+    assert sorted(expect) == ALL_KINDS
+    for name, (shape, sid) in expect.items():
+        kind = registry.get(name)
+        assert kind.shape_id(shape) == sid
+        assert kind.shape_id(dict(reversed(list(shape.items())))) == sid  # key order is moot
+
+
+@pytest.mark.parametrize("regime", [DEPLOYABLE, INTERPRET])
+def test_golden_shapes_are_well_formed(regime: str) -> None:
+    shapes = goldens.shapes(regime)
+    assert {g.kind for g in shapes} == set(ALL_KINDS), "every kind has golden shapes"
+    names = [g.name for g in shapes]
+    ids = [g.shape_id for g in shapes]
+    assert len(set(names)) == len(names) and len(set(ids)) == len(ids)
+    for g in shapes:
+        kind = registry.get(g.kind)
+        assert set(g.shape) == set(kind.fields), f"{g.name}: fields {sorted(g.shape)}"
+        assert kind.flops(g.shape) > 0 and kind.bytes(g.shape) > 0
+        atol, rtol = kind.tolerance(g.shape["dtype"])
+        assert 0 < atol < 0.1 and 0 < rtol < 0.1
+    if regime == DEPLOYABLE:
+        for name in NEW_KINDS:
+            n = sum(g.kind == name for g in shapes)
+            assert 3 <= n <= 6, f"{name} has {n} golden shapes"
+
+
+# -- pools -------------------------------------------------------------------------------------
+@functools.cache
+def _pool_specs(card_alias: str, kind_name: str, shape_id: str) -> frozenset[str]:
+    g = next(g for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]) if g.shape_id == shape_id)
+    return frozenset(make_spec(k) for k in registry.get(kind_name).enumerate(g.shape,
+                                                                            by_alias(card_alias)))
+
+
+def test_golden_pools_are_sized_without_torch() -> None:
+    """The controller sizes pools with no torch or triton: build them in a bare process."""
+    code = (
+        "import json, sys\n"
+        "from harness import pools\n"
+        "from harness.cards import by_alias\n"
+        "sizes = {a: {f'{sp.golden.kind}|{sp.golden.shape_id}': sp.enumerated\n"
+        "             for sp in pools.build(by_alias(a)).shapes} for a in ('h100', 'h200')}\n"
+        "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
+        "print(json.dumps({'sizes': sizes, 'imported': bad}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["imported"] == [], "pool building imported torch/triton"
+    for alias, sizes in got["sizes"].items():
+        assert {key.split("|")[0] for key in sizes} == set(ALL_KINDS)
+        for key, n in sizes.items():
+            assert n >= 100, f"{alias} {key}: only {n} specs"
+
+
+def _knobs(spec: str) -> dict[str, int]:
+    return {k: int(v) for k, v in parse_spec(spec).items()}
+
+
+@pytest.mark.parametrize("kind_name", SMEM_BOUND)
+def test_big_tiles_realize_on_h100_but_not_l40s(kind_name: str) -> None:
+    kind = registry.get(kind_name)
+    h100, l40s = by_alias("h100"), by_alias("l40s")
+    found = []
+    for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]):
+        big = _pool_specs("h100", kind_name, g.shape_id)
+        small = _pool_specs("l40s", kind_name, g.shape_id)
+        assert small < big, f"{g.shape_id}: the L40S pool must be a strict subset of the H100's"
+        for spec in sorted(big - small):
+            why = kind.unrealizable(_knobs(spec), g.shape, l40s)
+            assert why, spec
+            if "shared memory" in why:
+                found.append((g, spec))
+                break
+    assert found, f"no {kind_name} spec realizes on {h100.name} and not for shared memory on L40S"
+    # an H100 anchor with such a tile is skipped on the L40S, kept on the H200
+    g, spec = found[0]
+    anchor = goldens.Anchor(gpu=h100.name, kind=kind_name, shape_id=g.shape_id, spec=spec)
+    on_l40s = pools.build(l40s, anchors=[anchor], shapes=[g])
+    assert on_l40s.skipped_anchors == [anchor]
+    on_h200 = pools.build(by_alias("h200"), anchors=[anchor], shapes=[g])
+    assert on_h200.skipped_anchors == [] and on_h200.shapes[0].cross_anchors == [spec]
+
+
+@pytest.mark.parametrize("kind_name", ["reduce", "rms_norm", "softmax"])
+def test_row_kinds_realize_alike_on_h100_and_l40s(kind_name: str) -> None:
+    for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]):
+        assert _pool_specs("h100", kind_name, g.shape_id) == _pool_specs("l40s", kind_name,
+                                                                         g.shape_id)
+
+
+def test_realizability_rules() -> None:
+    h100, l40s = by_alias("h100"), by_alias("l40s")
+    attn = registry.get("attention")
+    prefill = {"batch": 1, "heads": 32, "seq": 4096, "head_dim": 128, "causal": True,
+               "dtype": "bf16"}
+    big = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+    assert attn.unrealizable(big, prefill, h100) is None
+    assert "shared memory 229376 B" in attn.unrealizable(big, prefill, l40s)
+    assert "registers" in attn.unrealizable(dict(big, num_warps=4), prefill, h100)
+
+    ln = registry.get("linear_norm")
+    decode = {"M": 16, "N": 4096, "K": 4096, "dtype": "bf16"}
+    rows = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "ROW_PROGRAM": 1,
+            "num_warps": 4, "num_stages": 3}
+    assert "row programs leave most of the 132 SMs idle" in ln.unrealizable(rows, decode, h100)
+    assert ln.unrealizable(rows, dict(decode, M=4096), h100) is None
+    assert "GROUP_M does not apply" in ln.unrealizable(dict(rows, GROUP_M=4),
+                                                       dict(decode, M=4096), h100)
+
+    red = registry.get("reduce")
+    logits = {"M": 16, "N": 128256, "op": "max", "dtype": "fp32"}
+    split = {"BLOCK_N": 16384, "ROWS": 1, "SPLIT": 16, "num_warps": 16, "num_stages": 1}
+    assert "leaves splits" in red.unrealizable(split, logits, h100)
+    assert red.unrealizable(dict(split, SPLIT=8), logits, h100) is None
+    assert "register" in red.unrealizable(dict(split, SPLIT=8, ROWS=4), logits, h100)
+
+    rms = registry.get("rms_norm")
+    one = {"BLOCK_N": 2048, "ROWS": 1, "ONE_PASS": 1, "num_warps": 8, "num_stages": 1}
+    assert "whole row" in rms.unrealizable(one, {"M": 16, "N": 4096, "dtype": "bf16"}, h100)
+
+    for name in NEW_KINDS:  # the interpreter's pools stay small
+        kind = registry.get(name)
+        for g in _interpret_shapes(name):
+            assert 5 <= len(kind.enumerate(g.shape, INTERPRETER)) <= 40, g.shape_id
+
+
+# -- anchors -----------------------------------------------------------------------------------
+def _anchor_card(gpu: str) -> Any:
+    return INTERPRETER if gpu in (INTERPRETER.name, SYNTHETIC_GPU) else by_name(gpu)
+
+
+def test_every_anchor_names_a_golden_shape_and_realizes_on_its_card() -> None:
+    anchors = goldens.anchors()
+    assert anchors
+    for a in anchors:
+        card = _anchor_card(a.gpu)
+        shape = {g.shape_id: g for g in goldens.shapes(card.regime, kinds=[a.kind])}.get(a.shape_id)
+        assert shape is not None, f"{a}: no {card.regime} golden shape {a.shape_id}"
+        assert make_spec(parse_spec(a.spec)) == a.spec, f"{a.spec!r} is not canonical"
+        specs = {make_spec(k) for k in registry.get(a.kind).enumerate(shape.shape, card)}
+        assert a.spec in specs, f"{a}: does not realize on {card.name}"
+
+
+def test_interpret_anchors_realize_and_fill_every_slice() -> None:
+    built = pools.build(INTERPRETER)
+    assert built.skipped_anchors == []
+    for sp in built.shapes:
+        if sp.golden.kind not in NEW_KINDS:
+            continue
+        assert len(sp.own_anchors) == 1 and len(sp.cross_anchors) == 1, sp.golden.shape_id
+        slices = {p.slice for p in sp.points}
+        assert slices == {"own", "cross", "tail"}, f"{sp.golden.shape_id}: {slices}"
+
+
+# -- a real GPU --------------------------------------------------------------------------------
+def _tile_volume(knobs: dict[str, Any]) -> int:
+    v = 1
+    for key, value in knobs.items():
+        if key.startswith("BLOCK") or key == "ROWS":
+            v *= value
+    return v
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind_name", ALL_KINDS)
+def test_golden_pools_on_the_live_gpu(kind_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sample ~5 specs of each golden pool on this card: correct, and each call under 50 ms.
+
+    The sample is four seeded random specs plus the smallest tiles (the slowest sane spec).
+    """
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
+    from harness.box.bench import Bencher
+    from harness.box.probe import card_from_probe, probe
+
+    card = card_from_probe(probe())
+    kind = registry.get(kind_name)
+    bencher = Bencher("cuda", 5, 20)
+    rows, failures = [], []
+    for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]):
+        pool = kind.enumerate(g.shape, card)
+        assert pool, f"{g.shape_id}: empty pool on {card.name}"
+        sample = random.Random(g.shape_id).sample(pool, min(4, len(pool)))
+        sample.append(min(pool, key=_tile_volume))
+        ok, times = 0, []
+        for knobs in sample:
+            res = bencher.measure({"kind": kind_name, "shape": g.shape, "knobs": knobs})
+            if res["status"] == "ok":
+                ok += 1
+                times.append(res["value_us"])
+                if res["value_us"] > 50_000:
+                    failures.append((g.shape_id, make_spec(knobs), f"{res['value_us']:.0f} us"))
+            else:
+                failures.append((g.shape_id, make_spec(knobs), res["status"], res["error"]))
+        median = f"{statistics.median(times):.1f}" if times else "-"
+        rows.append((kind_name, g.name, len(pool), f"{ok}/{len(sample) - ok}", median,
+                     f"{max(times):.1f}" if times else "-"))
+    with capsys.disabled():
+        print(f"\n{card.name}: {kind_name}")
+        print(f"{'kind':12} {'shape':40} {'pool':>6} {'ok/fail':>8} {'median_us':>10} {'max_us':>10}")
+        for r in rows:
+            print(f"{r[0]:12} {r[1]:40} {r[2]:6d} {r[3]:>8} {r[4]:>10} {r[5]:>10}")
+    assert not failures, failures
+
+
+if __name__ == "__main__":
+    _kind = sys.argv[1]
+    _shapes = (json.loads(sys.argv[2]) if len(sys.argv) > 2
+               else [g.shape for g in _interpret_shapes(_kind)])
+    print(json.dumps(_check_pools_interpreted(_kind, _shapes)))
