@@ -84,6 +84,7 @@ class Collection:
         o = config.option
         self.config = config
         self.order = order
+        self.checked = checked
         self.shares: dict[str, float] = checked["shares"]
         self.state_dir = default_state_dir()
         self.ledger_path = Path(o.ledger).expanduser() if o.ledger else self.state_dir / "ledger.json"
@@ -94,6 +95,7 @@ class Collection:
         self.run_id = new_run_id()
         self.results: dict[JobKey, JobResult] = {k: JobResult(k) for k in order}
         self.boxes: dict[str, BoxState] = {}
+        self.box_errors: dict[str, str] = {}
         self.receipt_lines: list[str] = []
         self.problems: list[str] = []
         self._check_writable()
@@ -118,12 +120,19 @@ class Collection:
         """Prepare the box for ``gpu`` (this machine for local): push, set up, probe, plan."""
         if gpu in self.boxes:
             return self.boxes[gpu]
-        transport = LocalTransport()
-        poll_s = self.option("poll_s") or 1.0
-        driver = BoxDriver(transport=transport, tmux=Tmux(transport, self.option("tmux_socket")),
-                           base=self.option("box_dir") or DEFAULT_BASE, python=sys.executable,
-                           poll_s=poll_s)
+        if gpu in self.box_errors:
+            raise BoxError(f"box for --gpu={gpu} is unusable (see the first error): "
+                           f"{self.box_errors[gpu]}")
+        try:
+            return self._open_box(gpu, progress)
+        except Exception as exc:
+            self.box_errors[gpu] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise
+
+    def _open_box(self, gpu: str, progress: Callable[[str], None]) -> BoxState:
         t0 = time.monotonic()
+        driver = self._driver()
+        transport = driver.transport
         driver.refuse_if_busy()
         progress(f"box {transport.name}: pushing the harness to {driver.base}")
         driver.push_code()
@@ -140,6 +149,29 @@ class Collection:
                          setup_s=time.monotonic() - t0)
         self.boxes[gpu] = state
         return state
+
+    def _driver(self) -> BoxDriver:
+        """A driver for the box: this machine, or the ``--remote`` server over SSH."""
+        target = self.checked.get("remote")
+        if target is None:
+            transport: Any = LocalTransport()
+            python, venv, poll_s = self.option("box_python") or sys.executable, False, 1.0
+        else:
+            from harness.remote.ssh import SSHTransport
+
+            key = self.option("ssh_key")
+            known = self.option("known_hosts")
+            transport = SSHTransport(target, key_filename=Path(key).expanduser() if key else None,
+                                     known_hosts=Path(known).expanduser() if known else None,
+                                     accept_new_host_key=self.option("accept_new_host_key"))
+            try:
+                transport.connect()  # a wrong host or key fails here, not as "unreachable"
+            except ConnectionError as exc:
+                raise BoxError(f"cannot reach --remote={self.option('remote')}: {exc}") from None
+            python, venv, poll_s = self.option("box_python") or "python3", True, 60.0
+        return BoxDriver(transport=transport, tmux=Tmux(transport, self.option("tmux_socket")),
+                         base=self.option("box_dir") or DEFAULT_BASE, python=python,
+                         use_venv=venv, poll_s=self.option("poll_s") or poll_s)
 
     def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:
         from harness.box.probe import card_from_probe

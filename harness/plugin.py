@@ -45,12 +45,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--batch", type=int, default=6, help="points per batch (default 6)")
     g.addoption("--seed", type=int, default=0, help="seed of the batch draw (default 0)")
     g.addoption("--filter", default=None, help="keep golden shapes whose name contains this")
+    g.addoption("--remote", default=None,
+                help="an existing GPU server: user@host[:port] or an ~/.ssh/config alias (never "
+                     "torn down; only our folder and tmux sessions are touched)")
+    g.addoption("--ssh-key", default=None, help="private key for --remote (default: ssh config/agent)")
+    g.addoption("--known-hosts", default=None,
+                help="known_hosts file that verifies the box's host key (default ~/.ssh/known_hosts)")
+    g.addoption("--accept-new-host-key", action="store_true", default=False,
+                help="trust and save the host key of a box not yet in known_hosts (a changed key "
+                     "is always refused)")
+    g.addoption("--box-python", default=None,
+                help="python on the box that has (or can get) torch and triton; a remote box gets a "
+                     "venv over it (default python3; local: this python)")
     g.addoption("--box-dir", default=None,
                 help="the harness folder on the box (default ~/.local/share/emmy/node-collect)")
     g.addoption("--rows-dir", default=None,
                 help="where fetched rows files are kept (default ~/.cache/emmy/node-collect/rows)")
     g.addoption("--poll-s", type=float, default=None,
-                help="seconds between polls of a running job (default 2 local, 60 remote)")
+                help="seconds between polls of a running job (default 1 local, 60 remote)")
     g.addoption("--timeout-s", type=float, default=None,
                 help="stop and harvest the sweep after this many seconds (default: the budget "
                      "plus one batch's bound)")
@@ -83,7 +95,22 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
         if val is not None and not val > 0:
             raise pytest.UsageError(f"{name}={val:g}: must be a positive number of seconds")
     db = Path(o.db).expanduser() if o.db else None
-    return {"gpus": gpus, "shares": shares, "db": db}
+    remote = None
+    if o.remote is not None:
+        from harness.remote.ssh import parse_remote
+
+        try:
+            remote = parse_remote(o.remote)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if gpus == [cards.LOCAL]:
+            raise pytest.UsageError(f"--remote={o.remote} with --gpu=local: a remote box needs "
+                                    "--gpu=ALIAS (the card it must have) or --gpu=auto")
+    if o.ssh_key is not None and not Path(o.ssh_key).expanduser().is_file():
+        raise pytest.UsageError(f"--ssh-key {o.ssh_key}: no such file")
+    if o.known_hosts is not None and not Path(o.known_hosts).expanduser().parent.is_dir():
+        raise pytest.UsageError(f"--known-hosts {o.known_hosts}: its folder does not exist")
+    return {"gpus": gpus, "shares": shares, "db": db, "remote": remote}
 
 
 def pytest_configure(config: pytest.Config) -> None:
