@@ -1,4 +1,4 @@
-"""Command line of collect-node-data: ``python -m harness <subcommand>`` (merge, …)."""
+"""Command line of collect-node-data: ``python -m harness <subcommand>`` (merge, goldens, …)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,43 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- dispatch
 
 # Each entry registers one subcommand on the subparsers object and sets ``func``.
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge]
+# ---------------------------------------------------------------- goldens
+
+
+def _add_goldens(subparsers: Any) -> None:
+    p = subparsers.add_parser("goldens", help="golden shapes and per-card anchors")
+    sub = p.add_subparsers(dest="goldens_command", required=True, metavar="ACTION")
+    r = sub.add_parser("record", help="write a card's anchors: its best deployable ok spec per "
+                       "shape in the node table (ties: lower variance; never interpret rows)")
+    r.add_argument("--db", type=Path, default=None, help="node table (default $EMMY_TUNE_DB or "
+                   "~/.cache/emmy/autotune.db)")
+    r.add_argument("--gpu", required=True, help="card alias, e.g. h200")
+    r.add_argument("--out", type=Path, default=None,
+                   help="anchors file (default harness/goldens/anchors/<alias>.json)")
+    r.set_defaults(func=_cmd_goldens_record)
+
+
+def _cmd_goldens_record(args: argparse.Namespace) -> int:
+    from harness.cards import UnknownCardError, by_alias
+    from harness.goldens.record import record
+
+    try:
+        card = by_alias(args.gpu)
+    except UnknownCardError as exc:
+        raise CommandError(f"--gpu: {exc}", EXIT_USAGE) from None
+    db = args.db or default_db_path()
+    if not db.is_file():
+        raise CommandError(f"no node table at {db}", EXIT_USAGE)
+    with NodeStore(db) as store:
+        rows = store.rows(gpu=card.name, regime="deployable", status="ok")
+    if not rows:
+        raise CommandError(f"{db} has no deployable ok rows of {card.name}; nothing recorded")
+    path, n, changed = record(rows, card, args.out)
+    print(f"anchors of {card.name}: {n} shapes in {path} ({changed} new or changed, from {len(rows)} ok rows)")
+    return EXIT_OK
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge, _add_goldens]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,92 @@
+"""Golden shapes, anchor files and ``python -m harness goldens record``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import goldens, pools
+from harness.cards import INTERPRETER, by_alias
+from harness.goldens.record import best_anchors, record
+from harness.store import NodeStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _row(spec: str, value: float, *, gpu: str = "NVIDIA H200 141GB", regime: str = "deployable",
+         status: str = "ok", variance: float = 0.1, shape_id: str = "matmul_M16_N16_K16_bf16",
+         t: str = "2026-12-01T00:00:00.000000Z") -> dict:
+    return {"point_key": f"{gpu}|{shape_id}|{spec}", "gpu": gpu, "regime": regime, "kind": "matmul",
+            "shape_id": shape_id, "shape": {"M": 16, "N": 16, "K": 16, "dtype": "bf16"},
+            "spec": spec, "knobs": {}, "slice": "tail", "status": status,
+            "value_us": value if status == "ok" else None, "ref_us": 1.0, "variance": variance,
+            "n_samples": 20, "error": None, "features": {"S_M": 16}, "cc": [9, 0],
+            "compile_s": 0.1, "bench_s": 0.1, "run_id": "r1", "measured_at": t, "provenance": {}}
+
+
+def test_best_anchor_is_fastest_ok_deployable_with_variance_tiebreak() -> None:
+    rows = [_row("A=1", 5.0), _row("A=2", 4.0, variance=0.5), _row("A=3", 4.0, variance=0.2),
+            _row("A=4", 1.0, regime="interpret"), _row("A=5", 1.0, status="bench_fail"),
+            _row("A=6", 0.5, gpu="NVIDIA L40S")]
+    (a,) = best_anchors(rows, "NVIDIA H200 141GB")
+    assert a.spec == "A=3" and a.value_us == 4.0
+
+
+def test_record_cli_writes_anchor_file_from_db(tmp_path: Path) -> None:
+    db = tmp_path / "n.db"
+    with NodeStore(db) as s:
+        s.merge([_row("A=1", 5.0), _row("A=2", 3.0), _row("A=9", 0.1, regime="interpret")])
+    out = tmp_path / "h200.json"
+    r = subprocess.run([sys.executable, "-m", "harness", "goldens", "record", "--db", str(db),
+                        "--gpu", "h200", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "1 shapes" in r.stdout
+    (a,) = goldens.load_anchor_file(out)
+    assert (a.gpu, a.spec) == ("NVIDIA H200 141GB", "A=2")
+
+
+def test_record_keeps_anchors_of_shapes_not_measured(tmp_path: Path) -> None:
+    out = tmp_path / "a.json"
+    record([_row("A=1", 1.0, shape_id="s1")], by_alias("h200"), out)
+    path, n, changed = record([_row("A=2", 1.0, shape_id="s2")], by_alias("h200"), out)
+    assert (n, changed) == (2, 1)
+    assert {a.shape_id for a in goldens.load_anchor_file(path)} == {"s1", "s2"}
+
+
+def test_record_refuses_a_db_without_rows_of_the_card(tmp_path: Path) -> None:
+    db = tmp_path / "n.db"
+    with NodeStore(db) as s:
+        s.merge([_row("A=1", 5.0, regime="interpret")])
+    r = subprocess.run([sys.executable, "-m", "harness", "goldens", "record", "--db", str(db),
+                        "--gpu", "h200"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 1 and "no deployable ok rows of NVIDIA H200 141GB" in r.stderr
+
+
+def test_shipped_shapes_have_unique_ids_and_real_model_names() -> None:
+    for regime in ("deployable", "interpret"):
+        shapes = goldens.shapes(regime)
+        ids = [g.shape_id for g in shapes]
+        assert len(ids) == len(set(ids))
+        assert all(g.name and g.model for g in shapes)
+
+
+def test_interpret_anchors_realize_and_fill_every_slice() -> None:
+    pool = pools.build(INTERPRETER)
+    assert pool.skipped_anchors == []
+    assert {p.slice for p in pool.points()} == {"own", "cross", "tail"}
+
+
+def test_filter_keeps_shapes_whose_name_contains_it() -> None:
+    shapes = goldens.shapes("deployable", filter="llama3-8b")
+    assert shapes and all("llama3-8b" in g.name for g in shapes)
+    assert goldens.shapes("deployable", filter="no such model") == []
+
+
+def test_anchor_files_are_valid_json_with_known_kinds() -> None:
+    from harness import kinds as registry
+
+    for path in goldens.ANCHOR_DIR.glob("*.json"):
+        data = json.loads(path.read_text())
+        assert all(a["kind"] in registry.names() for a in data["anchors"])
