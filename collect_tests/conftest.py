@@ -1,7 +1,8 @@
 """Fixtures of the collection run: the box's lifecycle belongs to a session fixture.
 
-``boxes`` opens a box per card on first use (push, setup, probe, plan) and, at the end of the
-session, brings the ledger home and closes the connection, even when jobs failed.
+``boxes`` opens a box per card on first use (rent a server if ``--provider`` says so, push,
+set up, probe, plan) and, at the end of the session, brings the ledger home, closes the
+connection and releases what this run rented, even when jobs failed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def boxes(collection: Collection, progress: Callable[[str], None]) -> Iterator[C
             opened.append(gpu)
         return collection.open_box(gpu, progress)
 
-    yield get
-    for gpu in opened:
-        collection.close_box(gpu)
+    try:
+        yield get
+    finally:
+        errors = []
+        for gpu in opened:
+            try:
+                collection.close_box(gpu, progress)
+            except Exception as exc:  # noqa: BLE001 - close every box, then report
+                errors.append(f"{gpu}: {exc}")
+        if errors:
+            raise RuntimeError("closing boxes failed: " + "; ".join(errors))

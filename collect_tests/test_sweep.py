@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import pytest
 
+from harness.harvest import job_property
+
 
 def test_sweep(sweep_job, collection, boxes, progress, record_property):
     gpu, job = sweep_job
+    record_property(*job_property(gpu=gpu, slice=job.slice, kind=job.kind))
     box = boxes(gpu)
     result = collection.run_job(sweep_job, box, progress)
+    record_property(*job_property(**collection.job_report(sweep_job)))
     if result.skipped:
         pytest.skip(result.skipped)
     out = result.outcome

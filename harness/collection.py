@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from harness import cards, pools
-from harness import kinds as registry
 from harness.box.runner import new_run_id
 from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_args
 from harness.ledger import Ledger
@@ -30,6 +29,10 @@ from harness.remote.transport import LocalTransport
 from harness.slices import SLICES
 
 JobKey = tuple[str, Job]  # (--gpu token, job)
+
+
+class CollectWarning(UserWarning):
+    """A recoverable problem of the collection that the user should see."""
 
 
 def estimate_order(selected: list[JobKey]) -> list[JobKey]:
@@ -95,9 +98,9 @@ class Collection:
         self.run_id = new_run_id()
         self.results: dict[JobKey, JobResult] = {k: JobResult(k) for k in order}
         self.boxes: dict[str, BoxState] = {}
+        self.leases: dict[str, Any] = {}
+        self.leases_dir = self.state_dir / "leases"
         self.box_errors: dict[str, str] = {}
-        self.receipt_lines: list[str] = []
-        self.problems: list[str] = []
         self._check_writable()
 
     # -- preflight ---------------------------------------------------------------------------
@@ -131,7 +134,7 @@ class Collection:
 
     def _open_box(self, gpu: str, progress: Callable[[str], None]) -> BoxState:
         t0 = time.monotonic()
-        driver = self._driver()
+        driver = self._driver(gpu, progress)
         transport = driver.transport
         driver.refuse_if_busy()
         progress(f"box {transport.name}: pushing the harness to {driver.base}")
@@ -150,24 +153,66 @@ class Collection:
         self.boxes[gpu] = state
         return state
 
-    def _driver(self) -> BoxDriver:
-        """A driver for the box: this machine, or the ``--remote`` server over SSH."""
+    def _rent(self, gpu: str, progress: Callable[[str], None]) -> Any:
+        """Rent a server for ``gpu`` through ``--provider``; its lease is on disk at once."""
+        from harness.remote.providers import make_provider
+        from harness.remote.ssh import parse_remote
+
+        o = self.config.option
+        provider = make_provider(o.provider, o.up_cmd, o.down_cmd, o.sky_cloud)
+        card = cards.by_alias(gpu)
+        progress(f"renting a {card.name} through {provider.name}")
+        lease = provider.acquire(card, lambda lease: lease.save(self.leases_dir))
+        self.leases[gpu] = lease
+        progress(f"rented {lease.target} (release: {lease.release_command})")
+        return parse_remote(lease.target), lease
+
+    def release(self, gpu: str, progress: Callable[[str], None]) -> None:
+        """Give a rented server back (never one given by --remote); --keep-server keeps it."""
+        lease = self.leases.pop(gpu, None)
+        if lease is None:
+            return
+        if self.option("keep_server"):
+            msg = (f"server kept (--keep-server): {lease.target}; release it with: "
+                   f"{lease.release_command}")
+            progress(msg)
+            warnings.warn(CollectWarning(msg), stacklevel=1)
+            if lease.path:
+                Path(lease.path).unlink(missing_ok=True)
+            return
+        progress(f"releasing {lease.target}")
+        lease.release()
+
+    def _driver(self, gpu: str, progress: Callable[[str], None]) -> BoxDriver:
+        """A driver for the box: this machine, the ``--remote`` server, or a rented one."""
         target = self.checked.get("remote")
+        rented = None
+        if self.option("provider"):
+            target, rented = self._rent(gpu, progress)
         if target is None:
             transport: Any = LocalTransport()
             python, venv, poll_s = self.option("box_python") or sys.executable, False, 1.0
         else:
             from harness.remote.ssh import SSHTransport
 
-            key = self.option("ssh_key")
+            key = self.option("ssh_key") or (rented.ssh_key if rented else None)
             known = self.option("known_hosts")
+            # a server this run rented is new: its first host key is saved (a changed one is
+            # still refused); an existing server's key must already be known
             transport = SSHTransport(target, key_filename=Path(key).expanduser() if key else None,
                                      known_hosts=Path(known).expanduser() if known else None,
-                                     accept_new_host_key=self.option("accept_new_host_key"))
-            try:
-                transport.connect()  # a wrong host or key fails here, not as "unreachable"
-            except ConnectionError as exc:
-                raise BoxError(f"cannot reach --remote={self.option('remote')}: {exc}") from None
+                                     accept_new_host_key=self.option("accept_new_host_key")
+                                     or rented is not None)
+            where = f"rented server {rented.target}" if rented else f"--remote={self.option('remote')}"
+            deadline = time.monotonic() + (600 if rented else 0)
+            while True:
+                try:
+                    transport.connect()  # a wrong host or key fails here, not as "unreachable"
+                    break
+                except ConnectionError as exc:
+                    if time.monotonic() >= deadline:  # a fresh rental may still be booting
+                        raise BoxError(f"cannot reach {where}: {exc}") from None
+                    time.sleep(10)
             python, venv, poll_s = self.option("box_python") or "python3", True, 60.0
         return BoxDriver(transport=transport, tmux=Tmux(transport, self.option("tmux_socket")),
                          base=self.option("box_dir") or DEFAULT_BASE, python=python,
@@ -194,20 +239,24 @@ class Collection:
                 warnings.simplefilter("always")
                 local.update(Ledger.load(tmp))
             for w in caught:
-                self.problems.append(f"box ledger: {w.message}")
+                warnings.warn(CollectWarning(f"box ledger: {w.message}"), stacklevel=1)
             tmp.unlink(missing_ok=True)
         local.save(self.ledger_path)
         if push:
             driver.push_ledger(self.ledger_path)
 
-    def close_box(self, gpu: str) -> None:
+    def close_box(self, gpu: str, progress: Callable[[str], None]) -> None:
+        """Bring the ledger home, close the connection, release a rented server: each step
+        runs even when the one before it failed."""
         state = self.boxes.get(gpu)
-        if state is None:
-            return
         try:
-            self._sync_ledger(state.driver, push=False)
+            if state is not None:
+                try:
+                    self._sync_ledger(state.driver, push=False)
+                finally:
+                    state.driver.transport.close()
         finally:
-            state.driver.transport.close()
+            self.release(gpu, progress)
 
     def _opts(self) -> dict[str, Any]:
         o = self.config.option
@@ -247,71 +296,25 @@ class Collection:
         try:
             self._sync_ledger(box.driver, push=False)
         except Exception as exc:  # noqa: BLE001 - the ledger comes home at teardown again
-            self.problems.append(f"ledger fetch after {job.id} failed: {exc}")
+            warnings.warn(CollectWarning(f"ledger fetch after {job.id} failed: {exc}"), stacklevel=1)
         return res
 
-    # -- end of session ------------------------------------------------------------------------
-    def rows_files(self) -> list[Path]:
-        return [r.outcome.rows_path for r in self.results.values()
-                if r.outcome and r.outcome.rows_path and r.outcome.rows_path.is_file()]
-
-    def finish(self) -> None:
-        files = self.rows_files()
-        if not files:
-            if any(r.outcome for r in self.results.values()):
-                self.receipt_lines.append("merge: no rows came back")
-            return
-        if self.config.option.no_merge:
-            self.receipt_lines.append("merge skipped (--no-merge); to merge by hand:")
-            self.receipt_lines.append(
-                f"  python -m harness merge {' '.join(str(f) for f in files)} --db {self.db_path}")
-            return
-        from harness.store import NodeStore, format_receipt, read_rows_file
-
-        rows: list[dict[str, Any]] = []
-        for f in files:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                got, _bad = read_rows_file(f)
-            self.problems.extend(str(w.message) for w in caught)
-            rows.extend(got)
-        try:
-            with NodeStore(self.db_path) as store:
-                receipt = store.merge(rows)
-                self.receipt_lines.extend(format_receipt(receipt).splitlines())
-                self.receipt_lines.append(f"db: {self.db_path}")
-                if receipt.inserted or receipt.replaced:
-                    self.receipt_lines.append(f"backup: {store.backup()}")
-        except Exception as exc:  # noqa: BLE001 - the rows files stay; say how to retry
-            self.receipt_lines.append(f"MERGE FAILED: {exc}")
-            self.receipt_lines.append("the rows are kept; merge them by hand with:")
-            self.receipt_lines.append(
-                f"  python -m harness merge {' '.join(str(f) for f in files)} --db {self.db_path}")
-
-    def summary_lines(self) -> list[str]:
-        ran = [r for r in self.results.values() if r.outcome or r.skipped]
-        if not ran:
-            return []
-        lines = ["", "=== collect-node-data summary ===", f"run: {self.run_id}"]
-        for gpu, box in self.boxes.items():
-            lines.append(f"box {gpu}: {box.card.name} ({box.probe['regime']}), setup "
-                         f"{box.setup_s:.0f}s, sweep {box.plan.spent_s:.0f}s of "
-                         f"{self.option('budget_s'):.0f}s budget")
-        head = f"{'card':24} {'slice':5} {'kind':12} {'benched':>7} {'ok':>5} {'failed':>6} {'seconds':>8}  state"
-        lines.append(head)
-        for (gpu, job), r in self.results.items():
-            card = self.boxes[gpu].card.name if gpu in self.boxes else gpu
-            state = r.skipped and f"skipped: {r.skipped}" or (r.outcome.state if r.outcome else "not run")
-            if r.outcome and r.outcome.summary.get("stop"):
-                state += f" ({r.outcome.summary['stop']})"
-            secs = r.outcome.elapsed_s if r.outcome else 0.0
-            lines.append(f"{card[:24]:24} {job.slice:5} {job.kind:12} {r.stat('benched'):>7} "
-                         f"{r.stat('ok'):>5} {r.stat('failed'):>6} {secs:>8.1f}  {state}")
-        lines.extend(self.receipt_lines)
-        lines.append(f"ledger: {self.ledger_path}")
-        lines.extend(f"warning: {p}" for p in self.problems)
-        return lines
+    def job_report(self, key: JobKey) -> dict[str, Any]:
+        """What the harvest needs from one job (it may run in another process)."""
+        gpu, job = key
+        r = self.results[key]
+        box = self.boxes.get(gpu)
+        rep: dict[str, Any] = {"gpu": gpu, "slice": job.slice, "kind": job.kind}
+        if box:
+            rep["card"] = box.card.name
+            rep["box"] = (f"{box.driver.transport.name}: {box.card.name} ({box.probe['regime']}), "
+                          f"setup {box.setup_s:.0f}s")
+        if r.outcome:
+            o = r.outcome
+            stop = o.summary.get("stop")
+            rep.update(state=o.state + (f" ({stop})" if stop else ""), benched=r.stat("benched"),
+                       ok=r.stat("ok"), failed=r.stat("failed"), seconds=round(o.elapsed_s, 1),
+                       rows_file=str(o.rows_path) if o.rows_path else None)
+        return rep
 
 
-def kinds_known() -> list[str]:
-    return registry.names()

@@ -21,6 +21,7 @@ from harness.slices import SLICES
 
 COLLECTION_KEY = pytest.StashKey["Collection"]()
 CHECKED_KEY = pytest.StashKey[dict]()
+HARVEST_KEY = pytest.StashKey["Harvest"]()
 JOB_FIXTURE = "sweep_job"
 
 
@@ -54,6 +55,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--accept-new-host-key", action="store_true", default=False,
                 help="trust and save the host key of a box not yet in known_hosts (a changed key "
                      "is always refused)")
+    g.addoption("--provider", default=None, choices=["command", "skypilot"],
+                help="rent a 1-GPU server per card for this run and release it at the end")
+    g.addoption("--up-cmd", default=None,
+                help="with --provider command: the command that makes a server and prints a JSON "
+                     "object (ssh_target or ssh_host/ssh_port/ssh_user, and a handle) or a "
+                     "user@host:port line; {gpu} and {gpu_name} are filled in")
+    g.addoption("--down-cmd", default=None,
+                help="with --provider command: the command that releases it; {handle}, {target}, "
+                     "{gpu} and {gpu_name} are filled in")
+    g.addoption("--sky-cloud", default=None, help="with --provider skypilot: the cloud to use")
+    g.addoption("--keep-server", action="store_true", default=False,
+                help="do not release a rented server; print it and the command that releases it")
     g.addoption("--box-python", default=None,
                 help="python on the box that has (or can get) torch and triton; a remote box gets a "
                      "venv over it (default python3; local: this python)")
@@ -106,6 +119,26 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
         if gpus == [cards.LOCAL]:
             raise pytest.UsageError(f"--remote={o.remote} with --gpu=local: a remote box needs "
                                     "--gpu=ALIAS (the card it must have) or --gpu=auto")
+    if o.provider is not None:
+        if o.remote is not None:
+            raise pytest.UsageError("--provider and --remote exclude each other: rent a server, "
+                                    "or name the one you have")
+        if any(g in (cards.LOCAL, cards.AUTO) for g in gpus):
+            raise pytest.UsageError(f"--provider={o.provider} needs --gpu=ALIAS[,ALIAS…] (the card "
+                                    f"to rent), not --gpu={o.gpu}")
+        if o.provider == "command" and not (o.up_cmd and o.down_cmd):
+            raise pytest.UsageError("--provider command needs --up-cmd and --down-cmd")
+        from harness.remote.providers import ProviderError, substitute
+
+        try:
+            substitute(o.up_cmd or "x", {"gpu": "", "gpu_name": ""}, "--up-cmd")
+            substitute(o.down_cmd or "x", {"gpu": "", "gpu_name": "", "handle": "", "target": ""},
+                       "--down-cmd")
+        except ProviderError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    elif len(gpus) > 1 and o.remote is not None:
+        raise pytest.UsageError(f"--gpu={o.gpu} names several cards but --remote is one server; "
+                                "rent one per card with --provider")
     if o.ssh_key is not None and not Path(o.ssh_key).expanduser().is_file():
         raise pytest.UsageError(f"--ssh-key {o.ssh_key}: no such file")
     if o.known_hosts is not None and not Path(o.known_hosts).expanduser().parent.is_dir():
@@ -116,7 +149,20 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sweep: one collection job (card × slice × kind)")
     # Every option is checked up front: a bad value stops the run before anything is touched.
-    config.stash[CHECKED_KEY] = _validate(config)
+    checked = config.stash[CHECKED_KEY] = _validate(config)
+    if len(checked["gpus"]) > 1 and getattr(config.option, "dist", "no") in ("load", "no") \
+            and getattr(config.option, "numprocesses", None):
+        config.option.dist = "loadgroup"  # one xdist group (one worker, one server) per card
+    if not hasattr(config, "workerinput"):  # the process that sees every report
+        from harness.harvest import Harvest
+        from harness.store import default_db_path
+
+        harvest = Harvest(db_path=checked["db"] or default_db_path(), no_merge=config.option.no_merge,
+                          budget_s=config.option.budget_s,
+                          leases_dir=default_state_dir() / "leases",
+                          keep_server=config.option.keep_server)
+        config.stash[HARVEST_KEY] = harvest
+        config.pluginmanager.register(harvest, "emmy-harvest")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -128,7 +174,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for s in SLICES:
             for k in registry.names():
                 params.append(pytest.param((gpu, Job(s, k)), id=f"{gpu}-{s}-{k}",
-                                           marks=[pytest.mark.sweep]))
+                                           marks=[pytest.mark.sweep,
+                                                  pytest.mark.xdist_group(f"card-{gpu}")]))
     metafunc.parametrize(JOB_FIXTURE, params)
 
 
@@ -153,15 +200,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    coll = session.config.stash.get(COLLECTION_KEY, None)
-    if coll is not None:
-        coll.finish()
+    harvest = session.config.stash.get(HARVEST_KEY, None)
+    if harvest is not None:
+        harvest.finish()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    coll = config.stash.get(COLLECTION_KEY, None)
-    if coll is not None:
-        for line in coll.summary_lines():
+    harvest = config.stash.get(HARVEST_KEY, None)
+    if harvest is not None:
+        for line in harvest.summary_lines():
             terminalreporter.write_line(line)
 
 
