@@ -126,7 +126,100 @@ def _cmd_goldens_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge, _add_goldens]
+# ---------------------------------------------------------------- eval and report
+
+
+def _eval_options(p: Any) -> None:
+    p.add_argument("--db", type=Path, default=None,
+                   help="node table (default $EMMY_TUNE_DB, else ~/.cache/emmy/autotune.db)")
+    p.add_argument("--gpu", default=None, metavar="ALIAS|NAME",
+                   help="evaluate only this card (an alias such as h200, or the gpu column's name)")
+    p.add_argument("--kind", action="append", default=None, metavar="K",
+                   help="evaluate only this kind (repeatable)")
+    p.add_argument("--regime", choices=("deployable", "interpret"), default="deployable",
+                   help="which rows to evaluate (default deployable; interpret rows are inert)")
+    p.add_argument("--prior", nargs="+", action="extend", default=None, metavar="NAME",
+                   help="priors to evaluate: registered names or module:attr specs "
+                   "(default: oracle random transfer roofline learned)")
+    p.add_argument("--anchors", type=Path, default=None, metavar="DIR",
+                   help="anchor files for the transfer prior (default harness/goldens/anchors)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prior and the trees")
+    p.add_argument("--min-rows", type=int, default=3,
+                   help="ok rows a shape needs to be evaluated (default 3)")
+
+
+def _run_eval(args: argparse.Namespace, allow_empty: bool = False
+              ) -> tuple[Any, list[dict[str, Any]]]:
+    from harness.evaluate import EvalError, EvalRequest, RequestError, run_request
+    from harness.priors import PriorError
+
+    req = EvalRequest(db=args.db or default_db_path(), gpu=args.gpu, kinds=args.kind,
+                      regime=args.regime, priors=args.prior or [], anchors_dir=args.anchors,
+                      seed=args.seed, min_rows=max(2, args.min_rows))
+    try:
+        return run_request(req, allow_empty=allow_empty)
+    except (RequestError, PriorError) as e:
+        raise CommandError(str(e), EXIT_USAGE) from None
+    except EvalError as e:
+        raise CommandError(str(e)) from e
+    except ImportError as e:
+        raise CommandError(f"{e}; install the eval extra: pip install -e '.[eval]'") from None
+
+
+def _add_eval(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "eval", help="evaluate priors on the node table (Spearman, top-1 regret per shape)",
+        description="Per card and regime, score every shape with >= 3 ok rows by each prior "
+        "(lower = predicted faster): median Spearman against the measured times, and the "
+        "regret of the prior's pick (its time over the best); shapes picked > 1.2x the best "
+        "are listed.  Priors are fitted leave-one-shape-out, and learned ones also "
+        "leave-one-card-out when the table holds two or more cards.")
+    _eval_options(p)
+    p.add_argument("--json", action="store_true", help="print a JSON dict instead of tables")
+    p.set_defaults(func=_cmd_eval)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.evaluate import format_text, to_json
+
+    blocks, _ = _run_eval(args)
+    if args.json:
+        print(json.dumps(to_json(blocks, db=str(args.db or default_db_path()),
+                                 regime=args.regime), indent=1))
+    else:
+        print(format_text(blocks))
+    return EXIT_OK
+
+
+def _add_report(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "report", help="plots (PNG) and an index.html of the node table and the eval tables",
+        description="Write coverage, distance-to-anchor and predicted-vs-measured plots and "
+        "DIR/index.html gathering them with the eval tables (no external assets).")
+    _eval_options(p)
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write into")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from harness import goldens
+    from harness.evaluate import EvalError
+    from harness.report import write_report
+
+    blocks, rows = _run_eval(args, allow_empty=True)
+    try:
+        anchors = goldens.anchors(args.anchors)
+        index = write_report(args.out, rows, blocks, anchors, regime=args.regime,
+                             db=str(args.db or default_db_path()))
+    except (OSError, EvalError) as e:
+        raise CommandError(f"report: {e}") from None
+    print(f"report: {index}")
+    return EXIT_OK
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge, _add_goldens, _add_eval, _add_report]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,471 @@
+"""Prior evaluation (harness/evaluate.py), the priors (harness/priors/) and `python -m harness eval`,
+on node tables built through NodeStore.merge with known answers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import kinds as registry
+from harness import priors
+from harness.__main__ import main
+from harness.cards import INTERPRETER, by_alias
+from harness.evaluate import (
+    CARD_OUT,
+    SHAPE_OUT,
+    EvalError,
+    evaluate,
+    format_text,
+    pick,
+    spearman,
+    to_json,
+)
+from harness.goldens import Anchor
+from harness.points import make_spec, point_key
+from harness.priors.baselines import OraclePrior, RandomPrior
+from harness.priors.learned import LearnedPrior
+from harness.priors.roofline import RooflinePrior, estimate
+from harness.priors.transfer import TransferPrior
+from harness.store import NodeStore
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = by_alias("h200")
+L40S = by_alias("l40s")
+
+
+# ---------------------------------------------------------------- building tables
+
+
+def _row(knobs: dict[str, Any], value: float | None, *, card: Any = H200, kind: str = "matmul",
+         shape: dict[str, Any] | None = None, regime: str | None = None, status: str = "ok",
+         slice_: str = "tail") -> dict[str, Any]:
+    """One row in the box's format (harness/box/runner.py make_row)."""
+    k = registry.get(kind)
+    shape = shape or {"M": 64, "N": 64, "K": 64, "dtype": "bf16"}
+    sid, spec = k.shape_id(shape), make_spec(knobs)
+    regime = regime or card.regime
+    return {
+        "point_key": point_key(card.name, sid, spec), "gpu": card.name, "regime": regime,
+        "kind": kind, "shape_id": sid, "shape": shape, "spec": spec, "knobs": knobs,
+        "slice": slice_, "status": status, "value_us": value if status == "ok" else None,
+        "ref_us": 10.0, "variance": 0.01, "n_samples": 20,
+        "error": None if status == "ok" else "out of resources",
+        "features": {**card.features(), **k.shape_features(shape), **knobs},
+        "cc": list(card.cc), "compile_s": 0.2, "bench_s": 0.1, "run_id": "r1",
+        "measured_at": "2026-12-01T00:00:00.000000Z", "provenance": {},
+    }
+
+
+def _db(tmp_path: Path, rows: list[dict[str, Any]], name: str = "n.db") -> Path:
+    db = tmp_path / name
+    with NodeStore(db) as s:
+        s.merge(rows)
+    return db
+
+
+def _stored(db: Path) -> list[dict[str, Any]]:
+    with NodeStore(db) as s:
+        return s.rows()
+
+
+def _shape(m: int, n: int = 64) -> dict[str, Any]:
+    return {"M": m, "N": n, "K": 64, "dtype": "bf16"}
+
+
+def _simple(values: Sequence[float], *, m: int = 64, card: Any = H200, **kw: Any) -> list[dict]:
+    """One shape, one row per value, BLOCK_M = 16, 32, ... in order."""
+    return [_row({"BLOCK_M": 16 * (i + 1), "num_warps": 4}, v, card=card, shape=_shape(m), **kw)
+            for i, v in enumerate(values)]
+
+
+class Reversed:
+    """Scores a row by minus its measured time: exactly backwards."""
+
+    name = "reversed"
+    learns = False
+
+    def fit(self, train_rows: Sequence[Any]) -> None:
+        pass
+
+    def score(self, rows: Sequence[Any]) -> list[float]:
+        return [-r["value_us"] for r in rows]
+
+
+class Constant:
+    name = "constant"
+    learns = False
+
+    def fit(self, train_rows: Sequence[Any]) -> None:
+        pass
+
+    def score(self, rows: Sequence[Any]) -> list[float]:
+        return [1.0] * len(rows)
+
+
+class Recorder:
+    """Learns nothing, but records what it was fitted on (to check the folds)."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.fits: list[set[str]] = []
+
+    def fit(self, train_rows: Sequence[Any]) -> None:
+        self.fits.append({f"{r['gpu']}|{r['shape_id']}" for r in train_rows})
+
+    def score(self, rows: Sequence[Any]) -> list[float]:
+        return [0.0] * len(rows)
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_spearman_known_values() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(math.sqrt(3) / 2)  # average ranks
+    assert spearman([1, 1, 1], [1, 2, 3]) is None
+    assert spearman([1], [1]) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=20, unique=True), st.data())
+def test_spearman_invariants(xs: list[float], data: st.DataObject) -> None:
+    ys = data.draw(st.lists(st.floats(-1e6, 1e6), min_size=len(xs), max_size=len(xs)))
+    rho = spearman(xs, ys)
+    if rho is not None:
+        assert -1.0 <= rho <= 1.0
+        assert spearman(ys, xs) == pytest.approx(rho)
+    assert spearman(xs, [2 * x for x in xs]) == pytest.approx(1.0)  # an increasing map
+    assert spearman(xs, [-x for x in xs]) == pytest.approx(-1.0)
+
+
+def test_pick_breaks_ties_towards_the_slowest() -> None:
+    assert pick([2.0, 1.0, 1.0, 3.0], [1.0, 5.0, 7.0, 0.5]) == 2
+    assert pick([0.0, 0.0, 0.0], [3.0, 9.0, 1.0]) == 1
+
+
+# ---------------------------------------------------------------- evaluate on known tables
+
+
+def test_oracle_is_perfect_and_reversed_is_backwards(tmp_path: Path) -> None:
+    rows = _stored(_db(tmp_path, _simple([5.0, 2.0, 8.0, 4.0]) + _simple([1.0, 3.0, 2.0], m=128)))
+    (block,) = evaluate(rows, [OraclePrior(), Reversed()])
+    oracle, rev = block.evals
+    assert (oracle.mode, len(oracle.shapes)) == (SHAPE_OUT, 2)
+    assert oracle.spearman_median == pytest.approx(1.0)
+    assert oracle.summary()["regret_worst"] == pytest.approx(1.0)
+    assert rev.spearman_median == pytest.approx(-1.0)
+    regrets = sorted(s.regret for s in rev.shapes)
+    assert regrets == pytest.approx([3.0, 4.0])  # 3/1 and 8/2
+    assert {m.shape_id for m in rev.misses} == {s.shape_id for s in rev.shapes}
+    assert rev.summary()["regret_mean"] == pytest.approx(3.5)
+
+
+def test_constant_scores_pick_the_worst_and_have_no_spearman(tmp_path: Path) -> None:
+    rows = _stored(_db(tmp_path, _simple([5.0, 2.0, 8.0, 4.0])))
+    (block,) = evaluate(rows, [Constant()])
+    (shape,) = block.evals[0].shapes
+    assert shape.regret == pytest.approx(4.0) and shape.pick_us == 8.0
+    assert shape.spearman is None and block.evals[0].spearman_median is None
+
+
+def test_shape_with_two_ok_rows_is_skipped_and_failures_do_not_count(tmp_path: Path) -> None:
+    rows = _simple([5.0, 2.0, 8.0]) + _simple([1.0, 3.0], m=128)
+    rows.append(_row({"BLOCK_M": 64, "num_warps": 4}, None, shape=_shape(128), status="bench_fail"))
+    (block,) = evaluate(_stored(_db(tmp_path, rows)), [OraclePrior()])
+    assert [s for _, s, _ in block.skipped] == ["matmul_M128_N64_K64_bf16"]
+    assert block.skipped[0][2] == 2
+    assert len(block.evaluated) == 1 and (block.nodes, block.ok) == (6, 5)
+    text = format_text([block])
+    assert "skipped matmul_M128_N64_K64_bf16: 2 ok rows (needs 3)" in text
+
+
+def test_deployable_only_unless_asked(tmp_path: Path) -> None:
+    rows = _simple([5.0, 2.0, 8.0]) + _simple([9.0, 1.0, 3.0, 4.0], card=INTERPRETER, m=32)
+    stored = _stored(_db(tmp_path, rows))
+    (block,) = evaluate(stored, [OraclePrior()])
+    assert (block.gpu, block.regime, block.nodes) == (H200.name, "deployable", 3)
+    (block,) = evaluate(stored, [OraclePrior()], regime="interpret")
+    assert (block.gpu, block.nodes) == (INTERPRETER.name, 4)
+
+
+def test_shape_out_folds_hide_the_scored_shape_and_card_out_needs_two_cards(tmp_path: Path) -> None:
+    rows = _simple([1.0, 2.0, 3.0]) + _simple([1.0, 2.0, 3.0], m=128)
+    stored = _stored(_db(tmp_path, rows))
+    rec = Recorder()
+    (block,) = evaluate(stored, [rec])
+    assert [e.mode for e in block.evals] == [SHAPE_OUT]
+    h = H200.name
+    # shapes in shape_id order: holding out M128 trains on M64, and back
+    assert rec.fits == [{f"{h}|matmul_M64_N64_K64_bf16"}, {f"{h}|matmul_M128_N64_K64_bf16"}]
+
+    stored = _stored(_db(tmp_path, rows + _simple([3.0, 2.0, 1.0], card=L40S), "two.db"))
+    rec = Recorder()
+    blocks = evaluate(stored, [rec, OraclePrior()])
+    assert [b.gpu for b in blocks] == sorted([H200.name, L40S.name])
+    h200 = next(b for b in blocks if b.gpu == H200.name)
+    # card-out for the learning prior only (the oracle's numbers would repeat)
+    assert [(e.prior, e.mode) for e in h200.evals] == [
+        ("recorder", SHAPE_OUT), ("recorder", CARD_OUT), ("oracle", SHAPE_OUT)]
+    assert {f"{L40S.name}|matmul_M64_N64_K64_bf16"} in rec.fits  # H200's card-out fold
+    # --gpu chooses what is evaluated, not what is trained on
+    (only,) = evaluate(stored, [Recorder()], gpus=[H200.name])
+    assert only.gpu == H200.name and [e.mode for e in only.evals] == [SHAPE_OUT, CARD_OUT]
+
+
+def test_a_prior_breaking_its_contract_is_named(tmp_path: Path) -> None:
+    class Short(Constant):
+        name = "short"
+
+        def score(self, rows: Sequence[Any]) -> list[float]:
+            return [1.0]
+
+    rows = _stored(_db(tmp_path, _simple([5.0, 2.0, 8.0])))
+    with pytest.raises(EvalError, match="prior 'short' returned 1 scores for 3 rows"):
+        evaluate(rows, [Short()])
+
+
+# ---------------------------------------------------------------- the priors
+
+
+def test_random_is_seeded_and_order_free(tmp_path: Path) -> None:
+    rows = _stored(_db(tmp_path, _simple([5.0, 2.0, 8.0, 4.0])))
+    a = RandomPrior(seed=1).score(rows)
+    assert RandomPrior(seed=1).score(rows[::-1]) == a[::-1]
+    assert RandomPrior(seed=2).score(rows) != a
+
+
+def test_transfer_uses_other_cards_anchors_only(tmp_path: Path) -> None:
+    sid = registry.get("matmul").shape_id(_shape(64))
+    own = Anchor(gpu=H200.name, kind="matmul", shape_id=sid, spec="BLOCK_M=16,num_warps=4")
+    other = Anchor(gpu=L40S.name, kind="matmul", shape_id=sid, spec="BLOCK_M=64,num_warps=8")
+    rows = _stored(_db(tmp_path, _simple([5.0, 2.0, 8.0, 4.0]) + _simple([1.0, 2.0, 3.0], m=128)))
+    p = TransferPrior([own, other])
+    by_shape = {r["shape_id"]: [] for r in rows}
+    for r, s in zip(rows, p.score(rows), strict=True):
+        by_shape[r["shape_id"]].append((r["spec"], s))
+    # distance to the L40S anchor (BLOCK_M=64,num_warps=8), never to H200's own
+    assert dict(by_shape[sid]) == {"BLOCK_M=16,num_warps=4": 2.0, "BLOCK_M=32,num_warps=4": 2.0,
+                                   "BLOCK_M=48,num_warps=4": 2.0, "BLOCK_M=64,num_warps=4": 1.0}
+    # no other-card anchor: one constant score, so the regret is the shape's worst
+    assert {s for _, s in by_shape["matmul_M128_N64_K64_bf16"]} == {0.0}
+    (block,) = evaluate(rows, [p])
+    far = next(s for s in block.evals[0].shapes if s.shape_id == "matmul_M128_N64_K64_bf16")
+    assert far.regret == pytest.approx(3.0)
+
+
+def test_roofline_ranks_within_a_shape_by_the_knobs() -> None:
+    def t(shape: dict[str, Any], **knobs: Any) -> float:
+        base = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+                "num_stages": 3}
+        return RooflinePrior().score([_row({**base, **knobs}, 1.0, shape=shape)])[0]
+
+    big = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
+    # compute-bound: 16x16 tiles cannot feed the tensor cores and re-read the operands
+    assert t(big) < t(big, BLOCK_M=16, BLOCK_N=16, num_warps=2) / 3
+    # one pipeline stage cannot hide the loads of a long K loop
+    assert t(big) < t(big, num_stages=1)
+    # M=136: 128-row tiles pad it to 256 rows (twice the work), 64-row tiles to 192
+    odd = {**big, "M": 136}
+    assert t(odd, BLOCK_M=64, num_warps=4) < t(odd)
+    skinny = {"M": 16, "N": 4096, "K": 4096, "dtype": "bf16"}
+    est = estimate(_row({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8},
+                        1.0, shape=skinny)["features"])
+    assert est["R_programs"] == 32 and est["R_pad_eff"] == pytest.approx(1 / 8)
+    # row kernels: a one-pass softmax reads its input once
+    sm = {"M": 4096, "N": 4096, "dtype": "bf16"}
+    knobs = {"BLOCK_N": 4096, "ROWS": 1, "num_warps": 8, "num_stages": 1}
+    one = RooflinePrior().score([_row({**knobs, "ONE_PASS": 1}, 1.0, kind="softmax", shape=sm)])
+    two = RooflinePrior().score([_row({**knobs, "ONE_PASS": 0}, 1.0, kind="softmax", shape=sm)])
+    assert one[0] < two[0]
+
+
+def _synthetic(card: Any, ms: Sequence[int], per_shape: int = 40, seed: int = 0) -> list[dict]:
+    """matmul rows whose time is a smooth function of the knobs; the best BLOCK_M follows M."""
+    rng = random.Random(seed)
+    grid = list(itertools.product([16, 32, 64, 128, 256], [32, 64, 128, 256], [32, 64],
+                                  [2, 3, 4], [4, 8]))
+    scale = 989.0 / card.peak_fp16_tflops
+    rows = []
+    for m in ms:
+        shape = {"M": m, "N": 4096, "K": 4096, "dtype": "bf16"}
+        best_bm = min(7.0, max(4.0, math.log2(m) - 3))
+        for bm, bn, bk, st_, w in rng.sample(grid, per_shape):
+            cost = (1 + 0.25 * (math.log2(bm) - best_bm) ** 2 + 0.15 * (math.log2(bn) - 7) ** 2
+                    + 0.1 * (math.log2(bk) - 6) ** 2 + 0.1 * (st_ - 3) ** 2
+                    + 0.05 * (math.log2(w) - 2) ** 2)
+            value = scale * 2 * m * 4096 * 4096 / 5e8 * cost * rng.uniform(0.98, 1.02)
+            rows.append(_row({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
+                              "num_stages": st_, "num_warps": w}, value, card=card, shape=shape))
+    return rows
+
+
+def test_learned_generalizes_to_held_out_shapes(tmp_path: Path) -> None:
+    ms = [32, 64, 128, 256, 512, 1024, 2048]
+    rows = _stored(_db(tmp_path, _synthetic(H200, ms)))
+    (block,) = evaluate(rows, [LearnedPrior(max_iter=100), RandomPrior()])
+    learned, rnd = block.evals
+    assert [e.mode for e in block.evals] == [SHAPE_OUT, SHAPE_OUT]
+    assert len(learned.shapes) == len(ms)
+    assert learned.spearman_median >= 0.8, learned.summary()
+    assert learned.summary()["regret_mean"] <= 1.15, learned.summary()
+    assert learned.spearman_median > rnd.spearman_median + 0.4
+
+
+def test_learned_card_out_transfers_across_cards(tmp_path: Path) -> None:
+    rows = _synthetic(H200, [64, 256, 1024], per_shape=30) + _synthetic(L40S, [64, 256, 1024],
+                                                                      per_shape=30, seed=1)
+    blocks = evaluate(_stored(_db(tmp_path, rows)), [LearnedPrior(max_iter=80)])
+    for b in blocks:
+        assert [e.mode for e in b.evals] == [SHAPE_OUT, CARD_OUT]
+        card_out = b.evals[1]
+        assert card_out.spearman_median >= 0.7, (b.gpu, card_out.summary())
+
+
+# ---------------------------------------------------------------- registry
+
+PLUGIN = """
+class Reversed:
+    name = "reversed"
+    learns = False
+
+    def __init__(self, ctx):
+        self.seed = ctx.seed
+
+    def fit(self, train_rows):
+        pass
+
+    def score(self, rows):
+        return [-r["value_us"] for r in rows]
+
+INSTANCE = Reversed(type("Ctx", (), {"seed": 7})())
+NOT_A_PRIOR = 3
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A user's own prior module, importable as ``user_priors``."""
+    (tmp_path / "user_priors.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "user_priors"
+
+
+def test_registry_names_and_module_attr_specs(plugin: str) -> None:
+    assert {"oracle", "random", "transfer", "roofline", "learned"} <= set(priors.names())
+    assert priors.make("oracle").name == "oracle"
+    made = priors.make(f"{plugin}:Reversed", priors.PriorContext(seed=3))  # a class: called
+    assert made.name == "reversed" and made.seed == 3
+    assert priors.make(f"{plugin}:INSTANCE").seed == 7  # an instance: used as is
+    with pytest.raises(priors.PriorError, match="unknown prior 'nope'; registered priors: .*oracle"):
+        priors.make("nope")
+    with pytest.raises(priors.PriorError, match="has no 'Nope'"):
+        priors.make(f"{plugin}:Nope")
+    with pytest.raises(priors.PriorError, match="is a int; expected an object with fit"):
+        priors.make(f"{plugin}:NOT_A_PRIOR")
+    with pytest.raises(priors.PriorError, match="cannot import 'no_such_module_x'"):
+        priors.make("no_such_module_x:P")
+    priors.register("reversed-for-test", lambda ctx: Reversed())
+    assert priors.make("reversed-for-test").name == "reversed"
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], plugin: str) -> None:
+    rows = (_simple([5.0, 2.0, 8.0, 4.0]) + _simple([1.0, 3.0, 2.0], m=128)
+            + _simple([1.0, 2.0], m=256) + _simple([4.0, 1.0, 2.0], card=INTERPRETER, m=32))
+    db = str(_db(tmp_path, rows))
+    code, out, _ = _cli(capsys, "eval", "--db", db, "--prior", "oracle", "random",
+                        "--prior", f"{plugin}:Reversed")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"[{H200.name}] 9 nodes (deployable: 9 ok, 0 failed)"
+    assert "2 shapes evaluated (>= 3 ok rows), 1 skipped" in out
+    oracle = next(line.split() for line in lines if line.strip().startswith("oracle"))
+    assert oracle[1:] == ["shape-out", "2", "1.000", "2", "1.000", "1.000", "1.000", "0"]
+    reversed_ = next(line.split() for line in lines if line.strip().startswith("reversed"))
+    assert reversed_[3] == "-1.000" and reversed_[-1] == "2"
+    assert "misses best" in out and "Triton CPU interpreter" not in out
+
+    code, out, _ = _cli(capsys, "eval", "--db", db, "--gpu", "h200", "--json", "--prior", "oracle")
+    data = json.loads(out)
+    (card,) = data["cards"]
+    assert (card["gpu"], card["regime"], card["nodes"], card["shapes_evaluated"]) == (
+        H200.name, "deployable", 9, 2)
+    assert card["skipped"] == [{"kind": "matmul", "shape_id": "matmul_M256_N64_K64_bf16",
+                                "ok_rows": 2}]
+    (ev,) = card["evaluations"]
+    assert (ev["prior"], ev["mode"], ev["spearman_median"], ev["regret_mean"]) == (
+        "oracle", "shape-out", 1.0, 1.0)
+    assert {s["shape_id"] for s in ev["shapes"]} == {"matmul_M64_N64_K64_bf16",
+                                                    "matmul_M128_N64_K64_bf16"}
+    assert json.loads(json.dumps(to_json([]))) == {"miss_ratio": 1.2, "cards": []}
+
+
+def test_cli_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(_db(tmp_path, _simple([4.0, 1.0, 2.0], card=INTERPRETER, m=32)))
+    code, _, err = _cli(capsys, "eval", "--db", db)
+    assert code == 2 and "has no deployable rows (it has interpret rows: try --regime interpret)" in err
+    code, _, err = _cli(capsys, "eval", "--db", db, "--regime", "interpret", "--gpu", "h300")
+    assert code == 2 and "--gpu 'h300' names no card; aliases: l40s" in err
+    code, _, err = _cli(capsys, "eval", "--db", db, "--regime", "interpret", "--kind", "conv")
+    assert code == 2 and "--kind 'conv'; valid kinds: attention" in err
+    code, _, err = _cli(capsys, "eval", "--db", db, "--regime", "interpret", "--prior", "nope")
+    assert code == 2 and "unknown prior 'nope'" in err
+    code, _, err = _cli(capsys, "eval", "--db", str(tmp_path / "missing.db"))
+    assert code == 2 and "no node table at" in err
+
+
+def test_eval_of_a_real_interpret_run(tmp_path: Path) -> None:
+    """The box measures softmax with the interpreter; merge; eval --regime interpret."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    rows, ledger, db = tmp_path / "r.jsonl", tmp_path / "l.json", tmp_path / "n.db"
+    # The interpreter's softmax points all fall in the own/cross slices (the tail is empty);
+    # one batch of 4 points of one shape is enough (the budget is checked before a batch).
+    run = subprocess.run([sys.executable, "-m", "harness.box", "run", "--slice", "own",
+                          "--kind", "softmax", "--budget-s", "15", "--batch", "4",
+                          "--rows", str(rows), "--ledger", str(ledger)],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    merge = subprocess.run([sys.executable, "-m", "harness", "merge", str(rows), "--db", str(db),
+                            "--no-backup"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert merge.returncode == 0, merge.stderr
+    out = subprocess.run([sys.executable, "-m", "harness", "eval", "--db", str(db), "--regime",
+                          "interpret", "--json", "--prior", "oracle", "roofline", "transfer"],
+                         capture_output=True, text=True, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    (card,) = data["cards"]
+    ok_per_shape: dict[str, int] = {}
+    for line in rows.read_text().splitlines():
+        r = json.loads(line)
+        ok_per_shape[r["shape_id"]] = ok_per_shape.get(r["shape_id"], 0) + (r["status"] == "ok")
+    expected = {s for s, n in ok_per_shape.items() if n >= 3}
+    assert expected, ok_per_shape
+    assert card["gpu"] == "Triton CPU interpreter" and card["regime"] == "interpret"
+    for ev in card["evaluations"]:
+        assert {s["shape_id"] for s in ev["shapes"]} == expected
+        assert all(s["regret"] >= 1.0 for s in ev["shapes"])
+    oracle = next(e for e in card["evaluations"] if e["prior"] == "oracle")
+    assert oracle["regret_worst"] == 1.0
