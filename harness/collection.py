@@ -186,7 +186,7 @@ class Collection:
     def _driver(self, gpu: str, progress: Callable[[str], None]) -> BoxDriver:
         """A driver for the box: this machine, the ``--remote`` server, or a rented one."""
         target = self.checked.get("remote")
-        rented = None
+        rented: Any = None
         if self.option("provider"):
             target, rented = self._rent(gpu, progress)
         if target is None:
@@ -214,8 +214,11 @@ class Collection:
                         raise BoxError(f"cannot reach {where}: {exc}") from None
                     time.sleep(10)
             python, venv, poll_s = self.option("box_python") or "python3", True, 60.0
-        return BoxDriver(transport=transport, tmux=Tmux(transport, self.option("tmux_socket")),
-                         base=self.option("box_dir") or DEFAULT_BASE, python=python,
+        extra = rented.extra if rented else {}
+        socket = self.option("tmux_socket") or extra.get("tmux_socket")
+        return BoxDriver(transport=transport, tmux=Tmux(transport, socket),
+                         base=self.option("box_dir") or extra.get("box_dir") or DEFAULT_BASE,
+                         python=python,
                          use_venv=venv, poll_s=self.option("poll_s") or poll_s)
 
     def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:

@@ -98,10 +98,11 @@ class Provider(Protocol):
 _TARGET_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.:\[\]_-]+$|^[A-Za-z0-9._-]+@[A-Za-z0-9._-]+:\d+$")
 
 
-def parse_up_output(stdout: str) -> tuple[str, str | None, str | None]:
-    """(target, handle, ssh_key) from what an up command printed: a JSON object (``ssh_target``
-    or ``ssh_host``/``ssh_port``/``ssh_user``; ``handle``/``id``/``instance_id``; ``ssh_key``)
-    or a ``user@host:port`` line.  The last such thing printed wins."""
+def parse_up_output(stdout: str) -> tuple[str, str | None, str | None, dict[str, str]]:
+    """(target, handle, ssh_key, extra) from what an up command printed: a JSON object
+    (``ssh_target`` or ``ssh_host``/``ssh_port``/``ssh_user``; ``handle``/``id``/``instance_id``;
+    optional ``ssh_key``, ``box_dir`` — the folder to use on the server, e.g. a scratch disk —
+    and ``tmux_socket``) or a ``user@host:port`` line.  The last such thing printed wins."""
     candidates: list[Any] = []
     try:
         candidates.append(json.loads(stdout))
@@ -117,7 +118,7 @@ def parse_up_output(stdout: str) -> tuple[str, str | None, str | None]:
             candidates.append(line)
     for c in candidates:
         if isinstance(c, str):
-            return c, None, None
+            return c, None, None, {}
         if isinstance(c, dict):
             target = c.get("ssh_target")
             if not target and c.get("ssh_host"):
@@ -131,7 +132,8 @@ def parse_up_output(stdout: str) -> tuple[str, str | None, str | None]:
                                if c.get(k) is not None), None)
                 if handle is None and c.get("delete_info") is not None:
                     handle = json.dumps(c["delete_info"], sort_keys=True)
-                return str(target), handle, c.get("ssh_key")
+                extra = {k: str(c[k]) for k in ("box_dir", "tmux_socket") if c.get(k)}
+                return str(target), handle, c.get("ssh_key"), extra
     raise ProviderError("the up command printed no server: expected a JSON object with "
                         "ssh_target (or ssh_host/ssh_port/ssh_user) or a user@host:port line; "
                         f"it printed:\n{stdout[-1500:]}")
@@ -173,11 +175,11 @@ class CommandProvider:
         values = {"gpu": card.alias, "gpu_name": card.name}
         out = _checked(self.runner, substitute(self.up_cmd, values, "--up-cmd"), self.up_timeout_s,
                        f"renting a {card.name}")
-        target, handle, key = parse_up_output(out)
+        target, handle, key, extra = parse_up_output(out)
         down = substitute(self.down_cmd, {**values, "handle": handle or target, "target": target},
                           "--down-cmd")
         lease = Lease(provider=self.name, gpu=card.alias, target=target, handle=handle or target,
-                      release_argv=down, ssh_key=key)
+                      release_argv=down, ssh_key=key, extra=extra)
         record(lease)
         return lease
 
