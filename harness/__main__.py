@@ -153,9 +153,12 @@ def _run_eval(args: argparse.Namespace, allow_empty: bool = False
     from harness.evaluate import EvalError, EvalRequest, RequestError, run_request
     from harness.priors import PriorError
 
+    if args.min_rows < 2:
+        raise CommandError(f"--min-rows {args.min_rows}: a shape needs at least 2 ok rows to "
+                           "rank (the default is 3)", EXIT_USAGE)
     req = EvalRequest(db=args.db or default_db_path(), gpu=args.gpu, kinds=args.kind,
                       regime=args.regime, priors=args.prior or [], anchors_dir=args.anchors,
-                      seed=args.seed, min_rows=max(2, args.min_rows))
+                      seed=args.seed, min_rows=args.min_rows)
     try:
         return run_request(req, allow_empty=allow_empty)
     except (RequestError, PriorError) as e:

@@ -317,12 +317,14 @@ def _synthetic(card: Any, ms: Sequence[int], per_shape: int = 40, seed: int = 0)
 def test_learned_generalizes_to_held_out_shapes(tmp_path: Path) -> None:
     ms = [32, 64, 128, 256, 512, 1024, 2048]
     rows = _stored(_db(tmp_path, _synthetic(H200, ms)))
-    (block,) = evaluate(rows, [LearnedPrior(max_iter=100), RandomPrior()])
+    (block,) = evaluate(rows, [LearnedPrior(), RandomPrior()])
     learned, rnd = block.evals
     assert [e.mode for e in block.evals] == [SHAPE_OUT, SHAPE_OUT]
     assert len(learned.shapes) == len(ms)
     assert learned.spearman_median >= 0.8, learned.summary()
-    assert learned.summary()["regret_mean"] <= 1.15, learned.summary()
+    # top-1 is harsher: one octave off the best BLOCK_M costs 1.25x here (seen: 1.08 to 1.11)
+    assert learned.summary()["regret_mean"] <= 1.2, learned.summary()
+    assert learned.summary()["regret_mean"] < rnd.summary()["regret_mean"] - 0.3
     assert learned.spearman_median > rnd.spearman_median + 0.4
 
 

@@ -185,7 +185,9 @@ def _tiled(kind: str, f: Mapping[str, Any], k: Mapping[str, Any], card: _Card, e
         mma /= 1.0 + (acc_per_thread - 96) / 64  # register pressure, spills at the edge
     if acc_per_thread < 8:
         mma *= 0.5 + acc_per_thread / 16  # warps with too little MMA work each
-    return {"R_programs": float(programs), "R_iters": float(iters), "R_launches": float(launches),
+    # The grid's extent along each output dimension (tile rows, tile columns).
+    return {"R_tiles_m": float(_cdiv(m, bm)), "R_tiles_n": float(_cdiv(n, bn)),
+            "R_programs": float(programs), "R_iters": float(iters), "R_launches": float(launches),
             "R_pad_eff": pad, "R_mma_eff": mma, "R_dram_bytes": dram,
             "R_smem_block": float(smem_block), "R_bytes_per_iter": bytes_per_iter,
             "R_acc_per_thread": acc_per_thread}
@@ -216,7 +218,8 @@ def _rows(kind: str, f: Mapping[str, Any], k: Mapping[str, Any], card: _Card, el
     per_thread = rows * bn / (32 * warps)
     # Too few elements per thread: narrow loads and idle lanes; too many: register pressure.
     lane = min(1.0, per_thread / 4.0) * (1.0 / (1.0 + max(0.0, per_thread - 64) / 64))
-    return {"R_programs": float(programs), "R_iters": float(iters), "R_launches": float(launches),
+    return {"R_tiles_m": float(_cdiv(m, rows)), "R_tiles_n": float(_cdiv(n, bn)),
+            "R_programs": float(programs), "R_iters": float(iters), "R_launches": float(launches),
             "R_pad_eff": pad, "R_mma_eff": max(lane, 0.05), "R_dram_bytes": dram,
             "R_smem_block": 0.0, "R_bytes_per_iter": float(rows * bn * elem) * lane,
             "R_acc_per_thread": per_thread}
