@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import pytest
 
+from harness.boxctl import BoxError
 from harness.harvest import job_property
+from harness.remote.ssh import SSHError
 
 
 def test_sweep(sweep_job, collection, boxes, progress, record_property):
     gpu, job = sweep_job
     record_property(*job_property(gpu=gpu, slice=job.slice, kind=job.kind))
-    box = boxes(gpu)
+    try:
+        box = boxes(gpu)
+    except (BoxError, SSHError) as exc:
+        unusable = str(exc)
+    else:
+        unusable = ""
+    if unusable:  # the message says what was wrong and what to do: no traceback
+        pytest.fail(unusable, pytrace=False)
     result = collection.run_job(sweep_job, box, progress)
     record_property(*job_property(**collection.job_report(sweep_job)))
     if result.skipped:

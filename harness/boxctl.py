@@ -15,10 +15,12 @@ import re
 import shlex
 import tempfile
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import harness
 from harness.remote.tmux import SETUP_SESSION, SWEEP_SESSION, JobState, Tmux
@@ -27,6 +29,9 @@ from harness.remote.transport import Transport
 DEFAULT_BASE = "~/.local/share/emmy/node-collect"
 CODE_ROOT = Path(harness.__file__).resolve().parent.parent
 _EXCLUDE = ("__pycache__", "*.pyc", ".pytest_cache")
+RECONNECT_S = 900.0  # how long a start, stop or fetch waits for a box that stopped answering
+
+T = TypeVar("T")
 
 
 class BoxError(RuntimeError):
@@ -55,6 +60,7 @@ class BoxDriver:
     poll_s: float = 60.0
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
+    reconnect_s: float = RECONNECT_S
 
     def __post_init__(self) -> None:
         if self.base.startswith("~"):
@@ -136,7 +142,32 @@ class BoxDriver:
             self.transport.put_file(local, self.path("ledger.json"))
 
     def fetch_ledger(self, local: Path) -> bool:
-        return self.transport.get_file(self.path("ledger.json"), local)
+        return self._while_unreachable(
+            "fetching the ledger", lambda: self.transport.get_file(self.path("ledger.json"), local))
+
+    def _while_unreachable(self, what: str, call: Callable[[], T],
+                           say: Callable[[str], None] | None = None) -> T:
+        """Make the short calls in ``call``; while the box does not answer, say so once and try
+        again every poll, for up to ``reconnect_s``: a dropped connection costs a wait, never the
+        harvest.  (Every call in ``call`` must be safe to repeat.)"""
+        deadline = self.clock() + self.reconnect_s
+        told = False
+        while True:
+            try:
+                return call()
+            except ConnectionError as exc:
+                if self.clock() >= deadline:
+                    raise BoxError(f"box {self.transport.name} did not answer for "
+                                   f"{self.reconnect_s:.0f}s while {what}: {exc}") from exc
+                if not told:
+                    msg = (f"box {self.transport.name} unreachable while {what}; trying again "
+                           f"every {self.poll_s:g}s for up to {self.reconnect_s:.0f}s")
+                    if say:
+                        say(msg)
+                    else:
+                        warnings.warn(msg, stacklevel=3)
+                    told = True
+                self.sleep(min(self.poll_s, max(0.05, deadline - self.clock())))
 
     # -- plan and jobs ------------------------------------------------------------------------
     def plan(self, pool_args: Sequence[str]) -> dict[str, Any]:
@@ -157,24 +188,40 @@ class BoxDriver:
                 "--budget-s", f"{budget_s:.1f}", "--rows", rows, "--ledger", self.path("ledger.json"),
                 "--summary", summary, "--run-id", run_id, *job_args]
         t0 = self.clock()
-        self.tmux.start(SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
-                        status=self.path("sweep.status"), env=self.env)
+        # (a start repeated after a broken connection ends the first one: the ledger keeps
+        # every finished batch)
+        self._while_unreachable("starting the job", lambda: self.tmux.start(
+            SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
+            status=self.path("sweep.status"), env=self.env), on_line)
         state = self._wait(SWEEP_SESSION, self.path("sweep.log"), self.path("sweep.status"),
                            timeout_s, on_line=on_line)
         outcome = JobOutcome(state="done", elapsed_s=self.clock() - t0)
         if state.status is None:
             outcome.state = "stopped" if state.alive else "died"
-            self.stop()
+            self._while_unreachable("stopping the job", self.stop, on_line)
         elif state.status != "0":
             outcome.state = "failed"
         local_rows = rows_dir / run_id / f"{name}.jsonl"
-        outcome.rows_path = local_rows if self.transport.get_file(rows, local_rows) else None
+
+        def harvest() -> None:
+            outcome.rows_path = local_rows if self.transport.get_file(rows, local_rows) else None
+            try:
+                outcome.summary = self.read_json(summary)
+            except BoxError:
+                outcome.summary = {}
+            if outcome.state != "done":
+                outcome.log_tail = self.tail(self.path("sweep.log"), 40)
+
         try:
-            outcome.summary = self.read_json(summary)
-        except BoxError:
-            outcome.summary = {}
-        if outcome.state != "done":
-            outcome.log_tail = self.tail(self.path("sweep.log"), 40)
+            self._while_unreachable(f"fetching the rows of {name}", harvest, on_line)
+        except BoxError as exc:
+            raise BoxError(f"{exc}; the rows stay on the box in {rows}: fetch them later and "
+                           f"merge them with `python -m harness merge FILE`") from None
+        if not outcome.summary and outcome.rows_path:
+            # the job was ended before it wrote its summary: count what its rows file holds
+            outcome.summary = _count_rows(outcome.rows_path)
+            if outcome.state == "stopped":
+                outcome.summary["stop"] = f"its {timeout_s:.0f}s limit reached; harvested"
         return outcome
 
     def stop(self) -> None:
@@ -192,17 +239,33 @@ class BoxDriver:
 
     def _wait(self, session: str, log: str, status: str, timeout_s: float,
               on_line: Callable[[str], None] | None) -> JobState:
-        """Poll until the session writes its status, dies twice in a row, or time runs out."""
+        """Poll until the session writes its status, dies twice in a row, or time runs out.
+
+        Each poll hands the log's newest line to ``on_line`` (the box's ``[batch N]`` progress);
+        a poll the box does not answer is not a dead session: say so once, keep waiting."""
         deadline = self.clock() + timeout_s
         dead_polls = 0
         last_seen = ""
+        down_since: float | None = None
         while True:
             state = self.tmux.poll(session, log=log, status=status)
+            if state.alive is None:
+                if down_since is None:
+                    down_since = self.clock()
+                    if on_line:
+                        on_line(f"box {self.transport.name} unreachable; the job goes on in tmux, "
+                                f"still waiting")
+            elif down_since is not None:
+                if on_line:
+                    on_line(f"box {self.transport.name} answers again after "
+                            f"{self.clock() - down_since:.0f}s")
+                down_since = None
+            if on_line and state.last_line and state.last_line != last_seen:
+                last_seen = state.last_line
+                on_line(state.last_line)
             if state.status is not None:
                 return state
             if state.alive is None:
-                if on_line:
-                    on_line(f"box {self.transport.name} unreachable; the job goes on, still waiting")
                 dead_polls = 0
             elif not state.alive:
                 dead_polls += 1
@@ -210,12 +273,22 @@ class BoxDriver:
                     return state
             else:
                 dead_polls = 0
-            if on_line and state.last_line and state.last_line != last_seen:
-                last_seen = state.last_line
-                on_line(state.last_line)
             if self.clock() >= deadline:
                 return JobState(alive=True, status=None, last_line=state.last_line)
             self.sleep(min(self.poll_s, max(0.05, deadline - self.clock())))
+
+
+def _count_rows(path: Path) -> dict[str, Any]:
+    """benched / ok / failed of a rows file (its unreadable lines are left to the merge)."""
+    statuses: Counter[str] = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            statuses[str(json.loads(line).get("status"))] += 1
+        except (ValueError, AttributeError):
+            continue
+    n = sum(statuses.values())
+    return {"benched": n, "ok": statuses["ok"], "failed": n - statuses["ok"],
+            "statuses": dict(statuses)}
 
 
 def pool_args(opts: Mapping[str, Any]) -> list[str]:

@@ -275,6 +275,9 @@ class Collection:
         if job not in box.plan.order:
             res.skipped = (f"no {job.kind} points left to measure in the {job.slice} slice on "
                            f"{box.card.name}" + (" (no anchors here)" if job.slice != "tail" else ""))
+            flt = self.option("filter")
+            if flt and not any(box.pool["total"].get(s, {}).get(job.kind) for s in SLICES):
+                res.skipped = f"--filter={flt!r} keeps no {job.kind} shape"
             return res
         allot = box.plan.allotment(job)
         res.allotment_s = allot
@@ -287,14 +290,23 @@ class Collection:
                     "--point-timeout-s", str(o.point_timeout_s)]
         bound = o.point_timeout_s * o.batch + 60
         timeout = allot + bound
+        by_option = False
         if o.timeout_s:
-            timeout = min(timeout, max(1.0, o.timeout_s - (time.monotonic() - box.started)))
+            left = o.timeout_s - (time.monotonic() - box.started)
+            if left <= 0:  # a job stopped at --timeout-s was harvested; the rest do not start
+                box.plan.skip(job)
+                res.skipped = f"--timeout-s={o.timeout_s:g} reached: the sweep was stopped"
+                return res
+            by_option = left < timeout
+            timeout = min(timeout, left)
         progress(f"{gpu} {job.id}: {allot:.0f}s allotted")
         outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
                                      run_id=self.run_id, job_args=job_args, timeout_s=timeout,
                                      rows_dir=self.rows_dir,
                                      on_line=lambda line: progress(f"{gpu} {job.id}: {line}"))
         box.plan.record(job, outcome.elapsed_s)
+        if outcome.state == "stopped" and by_option:
+            outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"
         res.outcome = outcome
         try:
             self._sync_ledger(box.driver, push=False)

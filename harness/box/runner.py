@@ -212,6 +212,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) 
                     res = worker.bench(req, cfg.point_timeout_s)
                     row = make_row(p, res, info, card_feats, shape_feats, cfg)
                     rows_file.write(json.dumps(row, sort_keys=True) + "\n")
+                    rows_file.flush()  # a job killed mid-batch keeps the points it measured
                     ledger.mark(p.key, p.spec, regime, res["status"], res.get("error"))
                     statuses.append(res["status"])
                     counts[res["status"]] += 1

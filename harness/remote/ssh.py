@@ -428,7 +428,7 @@ class SSHTransport:
                 f"IdentityFile in ~/.ssh/config") from None
         except _LINK_ERRORS as exc:
             client.close()
-            raise BoxUnreachable(f"cannot reach {tgt.name}: {exc}") from exc
+            raise BoxUnreachable(f"cannot reach {tgt.name}: {_why_unreachable(exc)}") from exc
         t = client.get_transport()
         assert t is not None
         t.set_keepalive(max(1, int(self.keepalive_s)))
@@ -618,6 +618,15 @@ class SSHTransport:
         if self._home is None:
             self._home = self._sftp_call("home lookup", lambda sftp: sftp.normalize("."))
         return self._home
+
+
+def _why_unreachable(exc: BaseException) -> str:
+    """A connect error in words (paramiko's "[Errno None] Unable to connect" hides the cause)."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        causes = sorted({(e.strerror or str(e)).lower() for e in exc.errors.values()})
+        return (f"{', '.join(causes) or 'no address answered'} (is the box up, is sshd "
+                f"listening on that port, does a firewall drop it?)")
+    return str(exc) or type(exc).__name__
 
 
 def _key_files(target: SSHTarget, key_filename: str | os.PathLike[str] | None) -> tuple[str, ...]:

@@ -46,6 +46,9 @@ class Tmux:
               env: Mapping[str, str] | None = None) -> None:
         """Start a detached session (a stale one of that name is ended first)."""
         self.kill(name)
+        # An earlier job's status must be gone before the session exists: a poll may come
+        # before the session's own shell has run its ``rm``.
+        self.transport.run(["rm", "-f", status], check=False, timeout=60)
         line = self.job_line(argv, cwd=cwd, log=log, status=status, env=env)
         self.transport.run([*self._base(), "new-session", "-d", "-s", name, "bash", "-c", line],
                            timeout=60)
