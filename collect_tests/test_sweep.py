@@ -11,7 +11,7 @@ import pytest
 
 from harness.boxctl import BoxError
 from harness.harvest import job_property
-from harness.remote.ssh import SSHError
+from harness.remote.transport import SSHError
 
 
 def test_sweep(sweep_job, collection, boxes, progress, record_property):

@@ -88,3 +88,14 @@ def test_plain_pytest_never_collects_sweeps() -> None:
 
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert cfg["testpaths"] == ["tests"]
+
+
+def test_local_collection_needs_no_paramiko() -> None:
+    """A GPU box that is its own controller (``--gpu=local``) has no paramiko: never import it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['paramiko'] = None; import pytest; "
+            "sys.exit(pytest.main(['collect_tests', '--collect-only', '-q', '-p', 'no:cacheprovider']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
-from harness.remote.transport import BoxUnreachable, CommandResult, RemoteCommandError
+from harness.remote.transport import BoxUnreachable, CommandResult, RemoteCommandError, SSHError
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 T = TypeVar("T")
 
 
-class SSHError(RuntimeError):
-    """The SSH box cannot be used as configured: says what was wrong and what to do."""
 
 
 class HostKeyError(SSHError):

@@ -33,6 +33,12 @@ class RemoteCommandError(RuntimeError):
                          f"{' '.join(result.argv)}\n{tail}")
 
 
+class SSHError(RuntimeError):
+    """An SSH problem the user must fix (host key, authentication, key file): not a blip.
+
+    Defined here, not beside the paramiko code, so callers can catch it without paramiko."""
+
+
 class BoxUnreachable(ConnectionError):
     """The box did not answer (a dropped connection is not a dead sweep)."""
 
