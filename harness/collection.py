@@ -29,6 +29,9 @@ from harness.remote.transport import LocalTransport
 from harness.slices import SLICES
 
 JobKey = tuple[str, Job]  # (--gpu token, job)
+# A job's process start, probe and pool build take ~5-10 s before its first batch (seen on an
+# H200 box and on the interpreter): an allotment below this would measure nothing.
+MIN_JOB_S = 10.0
 
 
 class CollectWarning(UserWarning):
@@ -281,9 +284,10 @@ class Collection:
             return res
         allot = box.plan.allotment(job)
         res.allotment_s = allot
-        if allot <= 0:
+        if allot < MIN_JOB_S:
             box.plan.skip(job)
-            res.skipped = "no budget left for this job"
+            res.skipped = (f"no budget left for this job ({allot:.1f}s allotted; a job's start-up "
+                           f"alone takes seconds, so under {MIN_JOB_S:.0f}s it is skipped)")
             return res
         o = self.config.option
         job_args = [*pool_args(self._opts()), "--batch", str(o.batch), "--seed", str(o.seed),
