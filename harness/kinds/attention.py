@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
-from harness.kinds.matmul import cdiv
+from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, cdiv, next_pow2, torch_dtype
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 

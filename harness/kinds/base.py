@@ -24,6 +24,29 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# The tile and launch knobs every matmul-like kind (matmul, mlp_geglu, norm_linear,
+# linear_norm) sweeps on a real GPU; a kind adds its own knobs between the two.
+GEMM_TILES: dict[str, list[Any]] = {"BLOCK_M": [16, 32, 64, 128, 256],
+                                    "BLOCK_N": [16, 32, 64, 128, 256],
+                                    "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16]}
+GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
+
+
+def gemm_tile_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any]) -> str | None:
+    """Tiles that only repeat a smaller configuration's work on this M×N×K problem."""
+    bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+    m, n, k = shape["M"], shape["N"], shape["K"]
+    if bm > max(16, next_pow2(m)) or bn > max(16, next_pow2(n)) or bk > max(16, next_pow2(k)):
+        return "tile larger than the problem"
+    if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
+        return "GROUP_M larger than the M tiles it would group"
+    return None
+
+
 @dataclass
 class Launch:
     """A configured kernel: ``run()`` launches it (returning Triton's compiled-kernel handle,

@@ -20,8 +20,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
-from harness.kinds.matmul import cdiv
+from harness.kinds.base import (
+    DTYPE_BYTES,
+    GEMM_LAUNCH,
+    GEMM_TILES,
+    Kind,
+    Knobs,
+    Launch,
+    Shape,
+    cdiv,
+    gemm_tile_misfit,
+    next_pow2,
+    torch_dtype,
+)
 
 EPS = 1e-6
 
@@ -35,20 +46,16 @@ class LinearNorm(Kind):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 2], "ROW_PROGRAM": [0, 1], "num_warps": [1],
                     "num_stages": [1]}
-        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
-                "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16], "ROW_PROGRAM": [0, 1],
-                "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
+        return {**GEMM_TILES, "ROW_PROGRAM": [0, 1], **GEMM_LAUNCH}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
         warps, stages, row_program = knobs["num_warps"], knobs["num_stages"], knobs["ROW_PROGRAM"]
-        m, n, k = shape["M"], shape["N"], shape["K"]
-        if bm > max(16, next_pow2(m)) or bn > max(16, next_pow2(n)) or bk > max(16, next_pow2(k)):
-            return "tile larger than the problem"
+        m = shape["M"]
         if row_program and knobs["GROUP_M"] > 1:
             return "a row program walks its own N tiles: GROUP_M does not apply"
-        if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
-            return "GROUP_M larger than the M tiles it would group"
+        if why := gemm_tile_misfit(knobs, shape):
+            return why
         if self.is_interpret(card):
             return None
         if row_program and cdiv(m, bm) < card.sm_count // 4:

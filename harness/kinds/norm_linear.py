@@ -7,8 +7,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
-from harness.kinds.matmul import cdiv
+from harness.kinds.base import (
+    DTYPE_BYTES,
+    GEMM_LAUNCH,
+    GEMM_TILES,
+    Kind,
+    Knobs,
+    Launch,
+    Shape,
+    cdiv,
+    gemm_tile_misfit,
+    torch_dtype,
+)
 
 EPS = 1e-6
 
@@ -21,18 +31,13 @@ class NormLinear(Kind):
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 2], "PROLOGUE": [0, 1], "num_warps": [1], "num_stages": [1]}
-        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
-                "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16], "PROLOGUE": [0, 1],
-                "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
+        return {**GEMM_TILES, "PROLOGUE": [0, 1], **GEMM_LAUNCH}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
         warps, stages = knobs["num_warps"], knobs["num_stages"]
-        m, n, k = shape["M"], shape["N"], shape["K"]
-        if bm > max(16, next_pow2(m)) or bn > max(16, next_pow2(n)) or bk > max(16, next_pow2(k)):
-            return "tile larger than the problem"
-        if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
-            return "GROUP_M larger than the M tiles it would group"
+        if why := gemm_tile_misfit(knobs, shape):
+            return why
         if self.is_interpret(card):
             return None
         elem = DTYPE_BYTES[shape["dtype"]]

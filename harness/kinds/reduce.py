@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
-from harness.kinds.matmul import cdiv
+from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, cdiv, next_pow2, torch_dtype
 
 OPS = ("sum", "mean", "max", "min", "sumsq")
 # op -> (kernel OP code: 0 sum, 1 max, 2 min; square the inputs first)
