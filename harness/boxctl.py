@@ -80,7 +80,8 @@ class BoxDriver:
 
     def push_code(self) -> None:
         self.transport.run(["mkdir", "-p", self.path("rows"), self.path("summary")])
-        self.transport.run(["chmod", "700", self.base])
+        # private: the rows are measurements that cost GPU-hours, the folder holds our code
+        self.transport.run(["chmod", "700", self.base, self.path("rows"), self.path("summary")])
         self.transport.put_tree(CODE_ROOT / "harness", self.path("repo", "harness"), _EXCLUDE)
 
     def setup_script(self) -> str:
@@ -183,7 +184,8 @@ class BoxDriver:
         name = f"{slice_}-{kind}"
         rows = self.path("rows", run_id, f"{name}.jsonl")
         summary = self.path("summary", run_id, f"{name}.json")
-        self.transport.run(["mkdir", "-p", self.path("rows", run_id), self.path("summary", run_id)])
+        self.transport.run(["mkdir", "-p", "-m", "700", self.path("rows", run_id),
+                            self.path("summary", run_id)])
         argv = [self.box_python, "-m", "harness.box", "run", "--slice", slice_, "--kind", kind,
                 "--budget-s", f"{budget_s:.1f}", "--rows", rows, "--ledger", self.path("ledger.json"),
                 "--summary", summary, "--run-id", run_id, *job_args]

@@ -108,11 +108,25 @@ class Collection:
 
     # -- preflight ---------------------------------------------------------------------------
     def _check_writable(self) -> None:
-        """Fail before any box is touched when the DB or the state folder cannot be written."""
+        """Fail before any box is touched (or server rented) when the DB could not take this
+        run's rows (a folder, not writable, not a node DB, a newer schema) or the state folders
+        cannot be written.  The DB is only read here."""
+        from harness.store import StoreError, check_db, make_private_dirs
+
+        if self.ledger_path.expanduser().resolve() == self.db_path.expanduser().resolve():
+            raise pytest.UsageError(f"--ledger={self.ledger_path} is the node DB (--db): the "
+                                    "ledger would overwrite it; give them different files")
+        if self.ledger_path.is_dir():
+            raise pytest.UsageError(f"--ledger={self.ledger_path} is a directory; give a file path")
+        if not self.option("no_merge"):
+            try:
+                check_db(self.db_path)
+            except StoreError as exc:
+                raise pytest.UsageError(f"--db: {exc}; nothing was started") from None
         for what, path in (("--db", self.db_path.parent), ("--ledger", self.ledger_path.parent),
                            ("--rows-dir", self.rows_dir)):
-            try:
-                path.mkdir(parents=True, exist_ok=True)
+            try:  # the folders made here are private (0700): they hold the measurements
+                make_private_dirs(path)
             except OSError as exc:
                 raise pytest.UsageError(f"{what}: cannot create {path}: {exc.strerror}") from None
             if not os.access(path, os.W_OK):

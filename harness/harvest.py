@@ -82,7 +82,7 @@ class Harvest:
         if self.no_merge:
             self.receipt_lines += ["merge skipped (--no-merge); to merge by hand:", by_hand]
             return
-        from harness.store import NodeStore, format_receipt, read_rows_file
+        from harness.store import NodeStore, RowError, format_receipt, read_rows_file, row_to_node
 
         rows: list[dict[str, Any]] = []
         for f in files:
@@ -90,7 +90,20 @@ class Harvest:
                 warnings.simplefilter("always")
                 got, _bad = read_rows_file(f)
             self.problems.extend(str(w.message) for w in caught)
-            rows.extend(got)
+            # A whole line that is no row (a damaged value) must not keep every other job's
+            # rows out of the one merge: it is skipped here, counted and shown; the file keeps it.
+            refused: list[str] = []
+            for row in got:
+                try:
+                    row_to_node(row)
+                except RowError as exc:
+                    refused.append(str(exc))
+                    continue
+                rows.append(row)
+            if refused:
+                self.problems.append(f"{f}: skipped {len(refused)} row(s) that cannot be merged "
+                                     f"(first: {refused[0]}); merging the other "
+                                     f"{len(got) - len(refused)}")
         try:
             with NodeStore(self.db_path) as store:
                 receipt = store.merge(rows)

@@ -93,6 +93,10 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
         gpus = cards.parse_gpu_option(o.gpu)
     except cards.UnknownCardError as exc:
         raise pytest.UsageError(f"--gpu: {exc}") from None
+    twice = sorted({g for g in gpus if gpus.count(g) > 1})
+    if twice:
+        raise pytest.UsageError(f"--gpu={o.gpu} names {', '.join(twice)} more than once; name "
+                                "each card once (one box per card)")
     if not math.isfinite(o.budget_s) or o.budget_s <= 0:
         raise pytest.UsageError(f"--budget-s={o.budget_s:g}: the budget must be a positive number of seconds")
     try:
@@ -105,8 +109,20 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
             raise pytest.UsageError(f"{name}={val}: must be at least {low}")
     for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s),
                       ("--point-timeout-s", o.point_timeout_s)):
-        if val is not None and not val > 0:
+        if val is not None and not (math.isfinite(val) and val > 0):
             raise pytest.UsageError(f"{name}={val:g}: must be a positive number of seconds")
+    if o.box_dir is not None:
+        # the root, a home or the working folder is not a folder of its own (``~`` is the box
+        # user's home; for this machine as the box the real paths are compared too)
+        norm = os.path.normpath(o.box_dir.strip())
+        whole = norm in ("/", "//", ".", "..") or (norm.startswith("~") and "/" not in norm)
+        if o.remote is None and o.provider is None:
+            whole = whole or Path(o.box_dir).expanduser().resolve() in (
+                Path("/"), Path.home().resolve(), Path.cwd().resolve())
+        if whole:
+            raise pytest.UsageError(f"--box-dir={o.box_dir}: the run makes this folder private "
+                                    "(chmod 700) and fills it; give a folder of its own, e.g. "
+                                    "~/.local/share/emmy/node-collect")
     db = Path(o.db).expanduser() if o.db else None
     remote = None
     if o.remote is not None:
@@ -119,15 +135,24 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
         if gpus == [cards.LOCAL]:
             raise pytest.UsageError(f"--remote={o.remote} with --gpu=local: a remote box needs "
                                     "--gpu=ALIAS (the card it must have) or --gpu=auto")
+    for name, val, needs in (("--up-cmd", o.up_cmd, "command"), ("--down-cmd", o.down_cmd, "command"),
+                             ("--sky-cloud", o.sky_cloud, "skypilot")):
+        if val is not None and o.provider != needs:
+            raise pytest.UsageError(f"{name}={val!r} is only used with --provider={needs} "
+                                    f"(--provider is {o.provider or 'not given'})")
     if o.provider is not None:
         if o.remote is not None:
-            raise pytest.UsageError("--provider and --remote exclude each other: rent a server, "
-                                    "or name the one you have")
+            raise pytest.UsageError(f"--provider={o.provider} and --remote={o.remote} exclude each "
+                                    "other: rent a server, or name the one you have")
         if any(g in (cards.LOCAL, cards.AUTO) for g in gpus):
             raise pytest.UsageError(f"--provider={o.provider} needs --gpu=ALIAS[,ALIAS…] (the card "
                                     f"to rent), not --gpu={o.gpu}")
         if o.provider == "command" and not (o.up_cmd and o.down_cmd):
-            raise pytest.UsageError("--provider command needs --up-cmd and --down-cmd")
+            missing = " and ".join(n for n, v in (("--up-cmd", o.up_cmd), ("--down-cmd", o.down_cmd))
+                                   if not v)
+            raise pytest.UsageError(f"--provider command needs --up-cmd and --down-cmd (missing: "
+                                    f"{missing}), e.g. --up-cmd='mycloud create --gpu {{gpu}} "
+                                    "--json' --down-cmd='mycloud delete {handle}'")
         from harness.remote.providers import ProviderError, substitute
 
         try:
@@ -140,9 +165,12 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
         raise pytest.UsageError(f"--gpu={o.gpu} names several cards but --remote is one server; "
                                 "rent one per card with --provider")
     if o.ssh_key is not None and not Path(o.ssh_key).expanduser().is_file():
-        raise pytest.UsageError(f"--ssh-key {o.ssh_key}: no such file")
+        why = "is a directory" if Path(o.ssh_key).expanduser().is_dir() else "no such file"
+        raise pytest.UsageError(f"--ssh-key {o.ssh_key}: {why}; give the private key file "
+                                "(or leave it out to use the ssh config or ssh-agent)")
     if o.known_hosts is not None and not Path(o.known_hosts).expanduser().parent.is_dir():
-        raise pytest.UsageError(f"--known-hosts {o.known_hosts}: its folder does not exist")
+        raise pytest.UsageError(f"--known-hosts {o.known_hosts}: its folder does not exist; give "
+                                "a file in an existing folder (default ~/.ssh/known_hosts)")
     return {"gpus": gpus, "shares": shares, "db": db, "remote": remote}
 
 

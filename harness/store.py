@@ -305,7 +305,7 @@ def default_db_path() -> Path:
     return Path.home() / ".cache" / "emmy" / "autotune.db"
 
 
-def _make_private_dirs(directory: Path) -> None:
+def make_private_dirs(directory: Path) -> None:
     """Create ``directory`` and missing parents; the ones created here are 0700."""
     missing = []
     for d in (directory, *directory.parents):
@@ -355,6 +355,66 @@ def read_rows_file(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], 
     return rows, n_bad
 
 
+def _newer_schema(path: Path, version: int) -> str:
+    return (
+        f"node DB {path} has schema version {version}, but this collect-node-data supports "
+        f"schema version {SCHEMA_VERSION} at most; upgrade collect-node-data to open it"
+    )
+
+
+def _unreadable_version(path: Path, value: Any) -> str:
+    return (
+        f"node DB {path} has an unreadable schema_version {value!r} in its meta table; "
+        "restore it from a backup (backups/autotune-*.db beside it)"
+    )
+
+
+def check_db(path: str | os.PathLike[str]) -> None:
+    """Preflight of a run: raise :class:`StoreError` now if merging into ``path`` would fail later.
+
+    Read-only and creates nothing: a missing file is fine (the merge creates it); an existing
+    one must be a writable file holding an SQLite DB of a schema version this code knows.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise StoreError(f"node DB path {path} is a directory; give a file path")
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise StoreError(f"node DB path {path} is not a regular file; give a file path")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise StoreError(
+            f"node DB {path} is not readable and writable by this user; fix its permissions "
+            "or give another path"
+        )
+    # Without a WAL beside it the file is all there is: read it as immutable, so that not even
+    # the -wal/-shm files of a read-only connection are left behind.
+    wal = path.with_name(path.name + "-wal").exists()
+    try:
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro{'' if wal else '&immutable=1'}", uri=True
+        )
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open node DB {path}: {e}") from e
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        found = None
+        if "meta" in tables:
+            found = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open node DB {path}: {e}") from e
+    finally:
+        conn.close()
+    if found is None:
+        return  # an empty file or an older layout: migrated when the merge opens it
+    try:
+        version = int(found[0])
+    except (TypeError, ValueError):
+        raise StoreError(_unreadable_version(path, found[0])) from None
+    if version > SCHEMA_VERSION:
+        raise StoreError(_newer_schema(path, version))
+
+
 def format_receipt(receipt: MergeReceipt) -> str:
     """The merge receipt as the lines a user reads after a merge."""
     r = receipt
@@ -390,7 +450,7 @@ class NodeStore:
         self._clock = clock
         if self.path.is_dir():
             raise StoreError(f"node DB path {self.path} is a directory; give a file path")
-        _make_private_dirs(self.path.parent)
+        make_private_dirs(self.path.parent)
         _create_private_file(self.path)
         try:
             self._conn = sqlite3.connect(
@@ -449,20 +509,13 @@ class NodeStore:
         try:
             return int(found[0])
         except (TypeError, ValueError):
-            raise StoreError(
-                f"node DB {self.path} has an unreadable schema_version {found[0]!r} in its meta "
-                "table; restore it from a backup (backups/autotune-*.db beside it)"
-            ) from None
+            raise StoreError(_unreadable_version(self.path, found[0])) from None
 
     def _ensure_schema(self) -> None:
         with self._transaction():
             version = self._schema_version()
             if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"node DB {self.path} has schema version {version}, but this "
-                    f"collect-node-data supports schema version {SCHEMA_VERSION} at most; "
-                    "upgrade collect-node-data to open it"
-                )
+                raise StoreError(_newer_schema(self.path, version))
             node = self.db["node"]
             if not node.exists():
                 node.create(
@@ -610,7 +663,7 @@ class NodeStore:
         if keep < 1:
             raise StoreError(f"keep must be at least 1 (the backup just made), got {keep}")
         directory = Path(dest_dir) if dest_dir is not None else self.path.parent / "backups"
-        _make_private_dirs(directory)
+        make_private_dirs(directory)
         stem = f"autotune-{self._clock().astimezone(timezone.utc):%Y%m%d-%H%M%S}"
         # Number past every backup of this second, so a name freed by rotation is never reused
         # (a reused name would sort as older than its neighbours).

@@ -108,6 +108,61 @@ class Worker:
         self.proc = None
 
 
+class BoxWriteError(RuntimeError):
+    """The job could not write its rows file or ledger (a full disk, an I/O error): it stops."""
+
+
+class RowsWriter:
+    """The job's rows file, open for appending: each row lands as one whole JSON line or not at
+    all.  A write that fails midway (no space left, an I/O error) is cut back to the last whole
+    line, so the file only ever holds complete rows; ``sync`` makes them durable.  The file is
+    created 0600.  ``write`` is ``os.write`` unless a test hands in another."""
+
+    def __init__(self, path: Path, write: Any = os.write) -> None:
+        self.path = path
+        self._write = write
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.good = os.lseek(self.fd, 0, os.SEEK_END)  # the end of the last whole line
+        self.rows = 0
+
+    def write(self, row: dict[str, Any]) -> None:
+        line = (json.dumps(row, sort_keys=True) + "\n").encode()
+        try:
+            done = 0
+            while done < len(line):  # a write may land only partly (a disk filling up)
+                done += self._write(self.fd, line[done:])
+        except OSError as exc:
+            try:
+                os.ftruncate(self.fd, self.good)  # never leave half a row behind
+            except OSError:
+                pass  # the reader skips a cut line (and says so)
+            raise BoxWriteError(
+                f"cannot write the rows file {self.path}: {exc.strerror or exc}; the job stopped "
+                f"with the {self.rows} rows written before it kept whole in the file. Free space "
+                "on the box (or fix the error) and run again: the points not written are measured "
+                "then") from exc
+        self.good += len(line)
+        self.rows += 1
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise BoxWriteError(f"cannot sync the rows file {self.path}: {exc.strerror or exc}"
+                                ) from exc
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _save_ledger(ledger: Ledger, path: Path) -> None:
+    try:
+        ledger.save(path)
+    except OSError as exc:
+        raise BoxWriteError(f"cannot save the ledger {path}: {exc.strerror or exc}; the points of "
+                            "this batch are measured again next run") from exc
+
+
 def _tail(path: Path, n: int) -> str:
     try:
         return " | ".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -165,7 +220,10 @@ def process_age_s() -> float:
 
 
 def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) -> dict[str, Any]:
-    """Run one job to its budget or the end of its pool; returns (and writes) the summary."""
+    """Run one job to its budget or the end of its pool; returns (and writes) the summary.
+
+    When its rows file or ledger cannot be written (a full disk), the job stops, keeps the whole
+    rows already written, writes the summary with an ``error`` and exits with status 1."""
     from harness import kinds as registry
 
     t0 = clock() - (process_age_s() if clock is time.monotonic else 0.0)
@@ -193,44 +251,54 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) 
     counts: Counter[str] = Counter()
     batch_i = 0
     stop = "pool exhausted"
+    error: str | None = None
+    rows_file = RowsWriter(cfg.rows_path)
     try:
-        with open(cfg.rows_path, "a") as rows_file:
-            while remaining:
-                spent = clock() - t0
-                if cfg.budget_s and spent >= cfg.budget_s:
-                    stop = "budget spent"
-                    break
-                shape_ids = sorted(remaining)
-                sid = rng.choices(shape_ids, weights=[len(remaining[s]) for s in shape_ids])[0]
-                batch = rng.sample(remaining[sid], min(cfg.batch, len(remaining[sid])))
-                batch_i += 1
-                tb = clock()
-                statuses = []
-                shape_feats = kind.shape_features(batch[0].shape)
-                for p in batch:
-                    req = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
-                    res = worker.bench(req, cfg.point_timeout_s)
-                    row = make_row(p, res, info, card_feats, shape_feats, cfg)
-                    rows_file.write(json.dumps(row, sort_keys=True) + "\n")
-                    rows_file.flush()  # a job killed mid-batch keeps the points it measured
-                    ledger.mark(p.key, p.spec, regime, res["status"], res.get("error"))
-                    statuses.append(res["status"])
-                    counts[res["status"]] += 1
-                rows_file.flush()
-                os.fsync(rows_file.fileno())
-                ledger.save(cfg.ledger_path)
-                remaining[sid] = [p for p in remaining[sid]
-                                  if ledger.needs_run(p.key, regime, cfg.max_attempts)]
-                if not remaining[sid]:
-                    del remaining[sid]
-                left = sum(len(v) for v in remaining.values())
-                n_ok = statuses.count("ok")
-                print(f"[batch {batch_i}] {cfg.slice} {cfg.kind} {sid}: {n_ok}/{len(batch)} ok "
-                      f"({clock() - tb:.1f}s) statuses={statuses} | done {sum(counts.values())}, "
-                      f"ok {counts['ok']}, failed {sum(counts.values()) - counts['ok']}, "
-                      f"left {left}, {max(0.0, cfg.budget_s - (clock() - t0)):.0f}s of budget left",
-                      file=log, flush=True)
+        while remaining:
+            spent = clock() - t0
+            if cfg.budget_s and spent >= cfg.budget_s:
+                stop = "budget spent"
+                break
+            shape_ids = sorted(remaining)
+            sid = rng.choices(shape_ids, weights=[len(remaining[s]) for s in shape_ids])[0]
+            batch = rng.sample(remaining[sid], min(cfg.batch, len(remaining[sid])))
+            batch_i += 1
+            tb = clock()
+            statuses = []
+            shape_feats = kind.shape_features(batch[0].shape)
+            for p in batch:
+                req = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
+                res = worker.bench(req, cfg.point_timeout_s)
+                row = make_row(p, res, info, card_feats, shape_feats, cfg)
+                # written at once: a job killed mid-batch keeps the points it measured; a
+                # point whose row could not be written is never marked in the ledger
+                rows_file.write(row)
+                ledger.mark(p.key, p.spec, regime, res["status"], res.get("error"))
+                statuses.append(res["status"])
+                counts[res["status"]] += 1
+            rows_file.sync()
+            _save_ledger(ledger, cfg.ledger_path)
+            remaining[sid] = [p for p in remaining[sid]
+                              if ledger.needs_run(p.key, regime, cfg.max_attempts)]
+            if not remaining[sid]:
+                del remaining[sid]
+            left = sum(len(v) for v in remaining.values())
+            n_ok = statuses.count("ok")
+            print(f"[batch {batch_i}] {cfg.slice} {cfg.kind} {sid}: {n_ok}/{len(batch)} ok "
+                  f"({clock() - tb:.1f}s) statuses={statuses} | done {sum(counts.values())}, "
+                  f"ok {counts['ok']}, failed {sum(counts.values()) - counts['ok']}, "
+                  f"left {left}, {max(0.0, cfg.budget_s - (clock() - t0)):.0f}s of budget left",
+                  file=log, flush=True)
+    except BoxWriteError as exc:
+        error, stop = str(exc), "failed: rows or ledger not written"
+        print(f"[sweep] error: {exc}", file=log, flush=True)
+        try:  # keep the marks of the rows that are in the file, once they are durable
+            rows_file.sync()
+            _save_ledger(ledger, cfg.ledger_path)
+        except BoxWriteError as again:
+            print(f"[sweep] error: {again}", file=log, flush=True)
     finally:
+        rows_file.close()
         worker.close()
     elapsed = clock() - t0
     done = sum(1 for p in points if not ledger.needs_run(p.key, regime, cfg.max_attempts))
@@ -240,11 +308,19 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) 
                "failed": sum(counts.values()) - counts["ok"], "statuses": dict(counts),
                "batches": batch_i, "elapsed_s": round(elapsed, 2), "budget_s": cfg.budget_s,
                "worker_restarts": worker.restarts}
+    if error:
+        summary["error"] = error
     print(f"sweep done: {cfg.slice}-{cfg.kind} {done}/{total} points ({summary['benched']} benched "
           f"this run: {counts['ok']} ok, {summary['failed']} failed) in {elapsed:.0f}s; {stop}",
           file=log, flush=True)
     if cfg.summary_path:
         tmp = cfg.summary_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True))
-        os.replace(tmp, cfg.summary_path)
+        try:
+            tmp.write_text(json.dumps(summary, indent=1, sort_keys=True))
+            os.replace(tmp, cfg.summary_path)
+        except OSError as exc:  # the controller counts the rows file instead
+            print(f"[sweep] cannot write the summary {cfg.summary_path}: {exc}", file=log,
+                  flush=True)
+    if error:  # exit status 1: the job failed, but the rows it wrote stay for the harvest
+        raise SystemExit(f"error: {error}")
     return summary

@@ -1,0 +1,580 @@
+"""Nothing lost: bad input, bad boxes, bad merges.
+
+The node table is the only copy of measurements that cost GPU-hours.  These tests break things
+with real parts: real SQLite files, ``python -m harness merge`` processes killed with SIGKILL
+or racing each other, whole collection runs in real tmux (this machine as the box, and a real
+sshd on 127.0.0.1), a tmpfs that fills up.  Fakes only at our own seams: a job's report
+handed to the harvest, and the write function of the box's rows writer.
+docs/RELIABILITY.md lists every fault and the test that injects it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import secrets
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.box.runner import BoxWriteError, RowsWriter
+from harness.boxctl import BoxDriver, BoxError
+from harness.ledger import Ledger
+from harness.remote.tmux import SWEEP_SESSION, Tmux
+from harness.remote.transport import LocalTransport
+from harness.store import NodeStore, digest
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = "NVIDIA H200 141GB"
+INTERP = "Triton CPU interpreter"
+T0, T1 = "2026-12-02T11:22:33.000000Z", "2026-12-02T11:22:34.000000Z"
+RECEIPT = re.compile(r"merged (\d+) node rows \((\d+) new, (\d+) replaced, (\d+) kept, (\d+) duplicate\)")
+
+pytest_plugins = ["pytester", "tests.sshd"]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def row(i: int, **over: Any) -> dict[str, Any]:
+    """A complete box row; ``i`` picks a distinct shape, so distinct ``i`` are distinct nodes."""
+    m = 64 + i
+    spec = "BLOCK_K=64,BLOCK_M=128,BLOCK_N=128,num_stages=3,num_warps=4"
+    shape_id = f"matmul_M{m}_N4096_K4096_bf16"
+    out = {
+        "point_key": f"{GPU}|{shape_id}|{digest(spec)[:16]}", "gpu": GPU, "regime": "deployable",
+        "kind": "matmul", "shape_id": shape_id, "shape": {"M": m, "N": 4096, "K": 4096, "dtype": "bf16"},
+        "spec": spec, "slice": "tail", "status": "ok", "value_us": 10.0 + i % 97, "variance": 0.01,
+        "n_samples": 20, "features": {"S_M": m, "S_N": 4096, "S_K": 4096, "BLOCK_M": 128},
+        "cc": [9, 0], "run_id": "bench-a", "measured_at": T0,
+    }
+    out.update(over)
+    return out
+
+
+def write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    return path
+
+
+def dump(db: Path) -> list[str]:
+    """Everything in the DB file (schema and rows) as SQL text, read by a fresh connection."""
+    conn = sqlite3.connect(db)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+def integrity(db: Path) -> str:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def db_rows(db: Path) -> dict[str, tuple[str, str]]:
+    """point_key → (measured_at, run_id) of every node row."""
+    conn = sqlite3.connect(db)
+    try:
+        return {k: (m, r) for k, m, r in conn.execute("select point_key, measured_at, run_id from node")}
+    finally:
+        conn.close()
+
+
+def merge_process(*args: str | Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("EMMY_TUNE_DB", None)
+    return subprocess.Popen([sys.executable, "-m", "harness", "merge", *map(str, args)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@contextmanager
+def tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``where`` (needs root); skips with the reason otherwise."""
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"needs a tmpfs of its own (mount as root): {r.stderr.strip() or r.returncode}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def tmux_socket() -> Iterator[str]:
+    name = f"emmy-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+
+
+def collect(tmp_path: Path, socket: str, *args: str, extra_env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    """``pytest collect_tests`` in a subprocess (this machine is the box unless args say
+    otherwise); its output is also kept in ``tmp_path/out.txt``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.pop("EMMY_TUNE_DB", None)
+    env["EMMY_STATE_DIR"] = str(tmp_path / "state")
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", "pytest", "collect_tests", "-p", "no:cacheprovider",
+           f"--db={tmp_path / 'db' / 'autotune.db'}", f"--box-dir={tmp_path / 'box'}",
+           f"--tmux-socket={socket}", "--poll-s=0.5", "--filter=fp32", "--max-dist=1", *args]
+    if not any(a.startswith("--gpu") for a in args):
+        cmd.append("--gpu=local")
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    (tmp_path / "out.txt").write_text(r.stdout + r.stderr)
+    return r
+
+
+def job_line(out: str, slice_: str, kind: str) -> dict[str, Any]:
+    """The summary table's line of one job: benched, ok, failed, state."""
+    pat = re.compile(rf"\s{slice_}\s+{kind}\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+\s+(.*)$")
+    found = [m for m in map(pat.search, out.splitlines()) if m]
+    assert found, f"no summary line for {slice_} {kind}:\n{out[-3000:]}"
+    m = found[-1]
+    return {"benched": int(m[1]), "ok": int(m[2]), "failed": int(m[3]), "state": m[4]}
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def leaks(roots: Iterable[Path], secrets_: Iterable[str]) -> list[str]:
+    """``file: secret`` for every secret found in any regular file under ``roots``."""
+    wanted = [s.encode() for s in secrets_]
+    found = []
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "venv"]  # the test's own venv: symlinks to python
+            for name in files:
+                path = Path(folder, name)
+                if path.is_symlink() or not path.is_file():
+                    continue
+                data = path.read_bytes()
+                found += [f"{path}: {s.decode()[:12]}…" for s in wanted if s in data]
+    return found
+
+
+def assert_private_box(box: Path, run_id: str, job: str) -> None:
+    """The box folder and its rows/summary folders are 0700, this run's rows file 0600, and
+    nothing in the box folder can be written by others."""
+    for d in (box, box / "rows", box / "summary", box / "rows" / run_id, box / "summary" / run_id):
+        assert mode(d) == 0o700, f"{d} is {oct(mode(d))}"
+    assert mode(box / "rows" / run_id / f"{job}.jsonl") == 0o600
+    assert mode(box / "ledger.json") & 0o022 == 0
+    writable = [str(p) for p in box.rglob("*") if not p.is_symlink() and mode(p) & 0o022]
+    assert writable == []
+
+
+def assert_private_db(tmp_path: Path) -> None:
+    db = tmp_path / "db" / "autotune.db"
+    assert mode(db) == 0o600 and mode(db.parent) == 0o700
+    backups = list((db.parent / "backups").glob("autotune-*.db"))
+    assert backups and mode(db.parent / "backups") == 0o700
+    assert all(mode(b) == 0o600 for b in backups)
+
+
+# ---------------------------------------------------------------- the node DB
+
+
+def test_a_merge_killed_halfway_leaves_the_db_as_it_was(tmp_path: Path) -> None:
+    db = tmp_path / "autotune.db"
+    with NodeStore(db) as s:
+        s.merge([row(i) for i in range(300)])
+    before = dump(db)
+    # 50k newer rows: the first 300 replace what is there, the rest are new
+    big = write_rows(tmp_path / "big.jsonl",
+                     (row(i, measured_at=T1, run_id="bench-b", value_us=5.0) for i in range(50_000)))
+    wal = db.with_name(db.name + "-wal")
+    proc = merge_process(big, "--db", db)
+    try:
+        deadline = time.monotonic() + 120
+        # under way: its transaction's pages spill into the WAL long before it can commit
+        while not (wal.exists() and wal.stat().st_size > 2_000_000):
+            assert proc.poll() is None, f"the merge ended before it was killed: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the merge never got going"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert "merged" not in out
+    assert integrity(db) == "ok"
+    assert dump(db) == before
+    assert not (tmp_path / "backups").exists()
+    with NodeStore(db) as s:  # and the DB takes the next merge
+        assert s.merge([row(i, run_id="bench-c") for i in range(300, 310)]).inserted == 10
+        assert s.counts() == {GPU: 310}
+    assert integrity(db) == "ok"
+
+
+def test_two_merges_at_once_from_two_processes_both_land(tmp_path: Path) -> None:
+    db = tmp_path / "autotune.db"
+    with NodeStore(db) as s:
+        s.merge([row(i) for i in range(10_000, 10_010)])
+    a = write_rows(tmp_path / "a.jsonl", (row(i) for i in range(0, 3000)))
+    b = write_rows(tmp_path / "b.jsonl", (row(i) for i in range(2000, 5000)))  # 1000 in both
+    # A third writer holds the DB while both start, so they surely meet at its lock.
+    lock = sqlite3.connect(db, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    procs = [merge_process(f, "--db", db) for f in (a, b)]
+    try:
+        time.sleep(3)
+        assert [p.poll() for p in procs] == [None, None], "a merge gave up instead of waiting"
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    receipts = [RECEIPT.search(out) for out, _ in outs]
+    assert all(receipts), outs
+    assert sorted(int(r[1]) for r in receipts) == [3000, 3000]
+    assert sum(int(r[2]) for r in receipts) == 5000  # new, between them
+    assert sum(int(r[5]) for r in receipts) == 1000  # the shared rows land once
+    assert integrity(db) == "ok"
+    keys = set(db_rows(db))
+    assert len(keys) == 5010
+    assert keys == {r["point_key"] for r in (*read_jsonl(a), *read_jsonl(b))} | {
+        row(i)["point_key"] for i in range(10_000, 10_010)}
+    backups = sorted((tmp_path / "backups").glob("autotune-*.db"))
+    assert len(backups) == 2 and all(mode(p) == 0o600 for p in backups)
+
+
+def test_backups_rotate_through_repeated_merges(tmp_path: Path) -> None:
+    db, made = tmp_path / "autotune.db", []
+    for n in range(7):
+        proc = merge_process(write_rows(tmp_path / f"{n}.jsonl", [row(n)]), "--db", db)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        made.append(Path(re.search(r"^backup: (.*)$", out, re.M)[1]))
+    kept = sorted((tmp_path / "backups").glob("autotune-*.db"))
+    assert kept == sorted(made[2:])  # the newest five
+    assert all(mode(p) == 0o600 for p in kept) and mode(tmp_path / "backups") == 0o700
+    assert dump(kept[-1]) == dump(db)
+
+
+# ---------------------------------------------------------------- the DB is checked first
+
+UP = "--up-cmd=touch {tmp}/rented-{{gpu}}"  # a server "rented" leaves this marker
+
+
+def _set_version(db: Path, value: str) -> None:
+    NodeStore(db).close()
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (value,))
+    conn.close()
+
+
+def _newer_schema(db: Path) -> None:
+    _set_version(db, "7")
+
+
+def _a_good_db(db: Path) -> None:
+    with NodeStore(db) as s:
+        s.merge([row(0)])
+
+
+def _a_folder(db: Path) -> None:
+    db.mkdir()
+
+
+def _not_a_db(db: Path) -> None:
+    db.write_text("notes, not a database\n" * 100)
+
+
+def _unreadable_version(db: Path) -> None:
+    _set_version(db, "two")
+
+
+DB_FAULTS: dict[str, tuple[Callable[[Path], None] | None, str]] = {
+    "newer-schema": (_newer_schema, r"--db: node DB .*autotune.db has schema version 7, but this "
+                     r"collect-node-data supports schema version 1 at most; upgrade collect-node-data"),
+    "a-folder": (_a_folder, r"--db: node DB path .*autotune.db is a directory; give a file path"),
+    "not-a-db": (_not_a_db, r"--db: cannot open node DB .*autotune.db: file is not a database"),
+    "unreadable-version": (_unreadable_version, r"--db: node DB .* has an unreadable schema_version "
+                           r"'two' .*restore it from a backup"),
+    "read-only": (None, r"--db: node DB .*autotune.db is not readable and writable by this user"),
+    "ledger-is-the-db": (_a_good_db, r"--ledger=.*autotune.db is the node DB \(--db\): the ledger "
+                         r"would overwrite it"),
+}
+
+
+@pytest.mark.parametrize("fault", list(DB_FAULTS))
+def test_a_db_that_cannot_take_the_rows_is_refused_before_any_server_is_rented(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmux_socket: str,
+        fault: str) -> None:
+    import shutil
+
+    pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
+    shutil.copytree(ROOT / "collect_tests", pytester.path / "collect_tests")
+    tmp = pytester.path
+    monkeypatch.setenv("EMMY_STATE_DIR", str(tmp / "state"))
+    make, message = DB_FAULTS[fault]
+    with _read_only_db(tmp) if make is None else _plain_db(tmp, make) as db:
+        before = db.read_bytes() if db.is_file() else None
+        args = [f"--ledger={db}"] if fault == "ledger-is-the-db" else []
+        result = pytester.runpytest(
+            "collect_tests", "-p", "no:cacheprovider", "-k", "own and softmax", "--gpu=h100",
+            "--provider=command", UP.format(tmp=tmp), "--down-cmd=true {handle}", f"--db={db}",
+            f"--box-dir={tmp / 'box'}", f"--tmux-socket={tmux_socket}", "--budget-s=20", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines[-20:]
+        result.stderr.re_match_lines([f".*{message}.*"])
+        assert not list(tmp.glob("rented-*")), "a server was rented"
+        assert not (tmp / "box").exists()
+        assert not (tmp / "state").exists()  # no lease, no ledger, no rows folder
+        assert (db.read_bytes() if db.is_file() else None) == before
+
+
+@contextmanager
+def _plain_db(tmp: Path, make: Callable[[Path], None]) -> Iterator[Path]:
+    db = tmp / "dbs" / "autotune.db"
+    db.parent.mkdir()
+    make(db)
+    yield db
+
+
+@contextmanager
+def _read_only_db(tmp: Path) -> Iterator[Path]:
+    """A node DB the user cannot write: mode 0444, or (root writes through modes) a DB on a
+    file system mounted read-only."""
+    folder = tmp / "dbs"
+    if os.geteuid() != 0:
+        folder.mkdir()
+        NodeStore(folder / "autotune.db").close()
+        (folder / "autotune.db").chmod(0o444)
+        yield folder / "autotune.db"
+        return
+    with tmpfs(folder, "1m"):
+        with NodeStore(folder / "autotune.db") as s:
+            s.merge([row(0)])
+        r = subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot remount a tmpfs read-only: {r.stderr.strip()}")
+        yield folder / "autotune.db"
+
+
+# ---------------------------------------------------------------- bad rows through the harvest
+
+HARVEST_JOB = '''
+from harness.harvest import job_property
+
+def test_job(record_property):
+    record_property(*job_property(gpu="h200", slice="tail", kind="matmul", card="{gpu}",
+                                  state="done (pool exhausted)", benched=4, ok=4, rows_file={rows!r}))
+'''
+
+
+def _cut_mid_line(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """A crash mid-write: three whole rows and half of a fourth, no newline."""
+    rows = [row(i) for i in range(3)]
+    cut = json.dumps(row(3), sort_keys=True)
+    path.write_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
+                     + cut[: len(cut) // 2].encode())
+    return rows, [r"rows.jsonl: skipped 1 corrupt or truncated line\(s\), first at line 4; "
+                  r"merging the 3 whole row\(s\)"]
+
+
+def _corrupt_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Damage inside the file: bytes that are no JSON, and a JSON line that is no row."""
+    rows = [row(i) for i in range(3)]
+    path.write_bytes(b"".join([
+        json.dumps(rows[0]).encode() + b"\n",
+        b"\xff\xfe{\"gpu\": \x00garbage\n",
+        json.dumps(rows[1]).encode() + b"\n",
+        json.dumps(row(9, status="fine")).encode() + b"\n",
+        json.dumps(rows[2]).encode() + b"\n",
+    ]))
+    return rows, [r"rows.jsonl: skipped 1 corrupt or truncated line\(s\), first at line 2; "
+                  r"merging the 4 whole row\(s\)",
+                  r"rows.jsonl: skipped 1 row\(s\) that cannot be merged \(first: row .* has status "
+                  r"'fine'; valid statuses: .*\); merging the other 3"]
+
+
+@pytest.mark.parametrize("damage", [_cut_mid_line, _corrupt_lines], ids=["cut-mid-line", "corrupt-lines"])
+def test_damaged_rows_file_merges_its_whole_rows_and_the_summary_says_so(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+        damage: Callable[[Path], tuple[list[dict[str, Any]], list[str]]]) -> None:
+    tmp = pytester.path
+    monkeypatch.setenv("EMMY_STATE_DIR", str(tmp / "state"))
+    rows_file = tmp / "rows.jsonl"
+    whole, warnings_ = damage(rows_file)
+    pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
+    pytester.makepyfile(test_job=HARVEST_JOB.format(gpu=GPU, rows=str(rows_file)))
+    db = tmp / "db" / "autotune.db"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--db={db}")
+    assert result.ret == pytest.ExitCode.OK, result.outlines[-30:]
+    result.stdout.re_match_lines([
+        r"=== collect-node-data summary ===",
+        r"merged 3 node rows \(3 new, 0 replaced, 0 kept, 0 duplicate\)",
+        *(f"warning: .*{w}" for w in warnings_),
+    ], consecutive=False)
+    assert set(db_rows(db)) == {r["point_key"] for r in whole}
+    assert integrity(db) == "ok"
+
+
+# ---------------------------------------------------------------- the box
+
+
+def test_a_failed_row_write_is_cut_back_to_the_last_whole_row(tmp_path: Path) -> None:
+    path = tmp_path / "tail-matmul.jsonl"
+    lines = [json.dumps(row(i), sort_keys=True) for i in range(3)]
+    room = [len(lines[0]) + len(lines[1]) + 2 + 100]  # the disk is full 100 bytes into row 3
+
+    def write(fd: int, data: bytes) -> int:  # os.write on a disk that fills up
+        if room[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = os.write(fd, data[: room[0]])
+        room[0] -= n
+        return n
+
+    w = RowsWriter(path, write=write)
+    w.write(row(0))
+    w.write(row(1))
+    with pytest.raises(BoxWriteError, match=rf"cannot write the rows file {re.escape(str(path))}: "
+                       r"No space left on device; the job stopped with the 2 rows written before "
+                       r"it kept whole in the file"):
+        w.write(row(2))
+    w.close()
+    assert path.read_text() == lines[0] + "\n" + lines[1] + "\n"
+    assert mode(path) == 0o600
+
+
+def test_a_sweep_already_running_on_the_box_is_refused_and_left_alone(tmp_path: Path,
+                                                                       tmux_socket: str) -> None:
+    t = LocalTransport()
+    tmux = Tmux(t, tmux_socket)
+    tmux.start(SWEEP_SESSION, ["sleep", "60"], cwd=str(tmp_path), log=str(tmp_path / "other.log"),
+               status=str(tmp_path / "other.status"))
+    driver = BoxDriver(transport=t, tmux=tmux, base=str(tmp_path / "box"))
+    with pytest.raises(BoxError, match=(
+            rf"a sweep is already running on local \(tmux session '{SWEEP_SESSION}'\); watch it with "
+            rf"`tmux -L {tmux_socket} attach -t {SWEEP_SESSION}` or end it with "
+            rf"`tmux -L {tmux_socket} kill-session -t {SWEEP_SESSION}`, then run again")):
+        driver.refuse_if_busy()  # the first thing a collection does with a box
+    assert tmux.alive(SWEEP_SESSION)  # the other sweep goes on
+    assert not (tmp_path / "box").exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_the_job_keeps_its_rows_and_marks_only_them(tmp_path: Path,
+                                                                      tmux_socket: str) -> None:
+    box = tmp_path / "box"
+    (box / "rows").mkdir(parents=True)
+    # a stale "success" of an earlier job: this job's real outcome must win
+    (box / "sweep.status").write_text("0\n")
+    with tmpfs(box / "rows", "64k"):
+        # two 4 KiB pages left: a few interpreter rows (~1.3 KB each) fit, then no space
+        (box / "rows" / "filler").write_bytes(b"\0" * 14 * 4096)
+        r = collect(tmp_path, tmux_socket, "--budget-s=120", "--batch=2", "--tail-cap=20",
+                    "-k", "tail and rms_norm")
+        (on_box,) = (box / "rows").glob("bench-*/tail-rms_norm.jsonl")
+        box_text = on_box.read_text()
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-4000:]
+    assert re.search(rf"cannot write the rows file {re.escape(str(on_box))}: No space left on device",
+                     out), out[-4000:]
+    assert job_line(out, "tail", "rms_norm")["state"].startswith("failed"), out[-3000:]
+    assert (box / "sweep.status").read_text().strip() == "1"
+    # what was written is whole, came home and was merged
+    assert box_text.endswith("\n")
+    rows = [json.loads(line) for line in box_text.splitlines()]
+    assert 2 <= len(rows) < 10
+    (home,) = (tmp_path / "state" / "rows").glob(f"{on_box.parent.name}/tail-rms_norm.jsonl")
+    assert home.read_text() == box_text
+    assert RECEIPT.search(out)[1] == str(len(rows))
+    db = tmp_path / "db" / "autotune.db"
+    assert {k: v[0] for k, v in db_rows(db).items()} == {x["point_key"]: x["measured_at"] for x in rows}
+    # the ledger marks exactly the points whose rows were written
+    ledger = Ledger.load(tmp_path / "state" / "ledger.json")
+    assert {k for k in ledger if not ledger.needs_run(k, "interpret")} == {x["point_key"] for x in rows}
+
+
+@pytest.mark.slow
+def test_stale_status_and_rows_of_an_earlier_run_are_never_used(tmp_path: Path,
+                                                                tmux_socket: str) -> None:
+    box, stale = tmp_path / "box", "bench-20200101T000000Z-5ca1e000"
+    stale_row = {**row(0), "gpu": INTERP, "regime": "interpret", "kind": "softmax",
+                 "point_key": "stale|softmax", "run_id": stale}
+    planted = []
+    for where in (box / "rows" / stale, tmp_path / "state" / "rows" / stale):
+        where.mkdir(parents=True)
+        planted.append(write_rows(where / "tail-softmax.jsonl", [stale_row]))
+    (box / "summary" / stale).mkdir(parents=True)
+    planted.append(box / "summary" / stale / "tail-softmax.json")
+    planted[-1].write_text(json.dumps({"benched": 99, "ok": 99, "failed": 0, "run_id": stale}))
+    (box / "sweep.status").write_text("0\n")  # the job's end is known only from its own status
+    planted_text = [p.read_text() for p in planted]
+    token = secrets.token_hex(16)
+
+    r = collect(tmp_path, tmux_socket, "--budget-s=30", "--tail-cap=3", "-k", "tail and softmax",
+                extra_env={"HF_TOKEN": token, "EMMY_TEST_TOKEN": token})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    run_id = re.search(r"; run (bench-\S+)", (box / "sweep.log").read_text())[1]
+    assert run_id != stale
+    rows = read_jsonl(box / "rows" / run_id / "tail-softmax.jsonl")
+    # the job's real outcome: it ran to its end, and only its own rows were counted and merged
+    job = job_line(out, "tail", "softmax")
+    assert job["state"] == "done (pool exhausted)" and job["benched"] == len(rows) == 2, out[-3000:]
+    assert "sweep done: tail-softmax" in (box / "sweep.log").read_text()
+    merged = db_rows(tmp_path / "db" / "autotune.db")
+    assert merged == {x["point_key"]: (x["measured_at"], run_id) for x in rows}
+    assert [p.read_text() for p in planted] == planted_text  # left as they were
+    # private through the run, and no token anywhere
+    assert_private_db(tmp_path)
+    assert_private_box(box, run_id, "tail-softmax")
+    assert leaks([tmp_path], [token]) == []
+
+
+# ---------------------------------------------------------------- security over SSH
+
+
+@pytest.mark.slow
+def test_an_ssh_run_leaks_no_key_or_token_and_keeps_the_box_private(sshd, tmp_path: Path,
+                                                                   tmux_socket: str) -> None:
+    box = tmp_path / "box"
+    # the box's venv made beforehand, without pip (tests/test_remote_e2e.py covers making it)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                    str(box / "venv")], check=True, capture_output=True)
+    hf, emmy = secrets.token_hex(16), f"emmy-{secrets.token_urlsafe(24)}"
+    r = collect(tmp_path, tmux_socket, "--gpu=auto", f"--remote={sshd.remote}",
+                f"--ssh-key={sshd.client_key}", f"--known-hosts={sshd.known_hosts}",
+                f"--box-python={sys.executable}", "--budget-s=30", "--tail-cap=3",
+                "-k", "tail and softmax", f"--junitxml={tmp_path / 'junit.xml'}",
+                extra_env={"HF_TOKEN": hf, "EMMY_TEST_TOKEN": emmy})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert db_rows(tmp_path / "db" / "autotune.db")
+    key_body = [ln for ln in sshd.client_key.read_text().splitlines()
+                if ln.strip() and not ln.startswith("-----")]
+    assert key_body
+    # every output, log, rows file, ledger, summary, DB, backup and the JUnit report
+    assert (tmp_path / "junit.xml").is_file() and (tmp_path / "out.txt").is_file()
+    assert leaks([tmp_path], [*key_body, "".join(key_body), hf, emmy]) == []
+    run_id = re.search(r"; run (bench-\S+)", (box / "sweep.log").read_text())[1]
+    assert_private_box(box, run_id, "tail-softmax")
+    assert_private_db(tmp_path)
