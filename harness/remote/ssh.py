@@ -499,7 +499,10 @@ class SSHTransport:
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
                 got = True
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            # The exit status can arrive before the last stderr bytes: wait for the channel's
+            # EOF (sent once both streams are drained) as well.
+            if (chan.exit_status_ready() and (chan.eof_received or chan.closed)
+                    and not chan.recv_ready() and not chan.recv_stderr_ready()):
                 break
             if time.monotonic() >= deadline:
                 return CommandResult(argv, 124, _text(out),
