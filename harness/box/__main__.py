@@ -145,11 +145,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if getattr(args, "warmup", 5) < 5 or getattr(args, "iters", 20) < 20:
-        if args.cmd == "run":
-            print("error: --warmup below 5 or --iters below 20 is under the measurement quality "
-                  "bar (the interpreter regime uses its own small counts)", file=sys.stderr)
-            return 2
+    if args.cmd == "run" and (args.warmup < 5 or args.iters < 20):
+        print("error: --warmup below 5 or --iters below 20 is under the measurement quality "
+              "bar (the interpreter regime uses its own small counts)", file=sys.stderr)
+        return 2
     return args.func(args)
 
 
