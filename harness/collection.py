@@ -305,8 +305,11 @@ class Collection:
             return res
         o = self.config.option
         job_args = [*pool_args(self._opts()), "--batch", str(o.batch), "--seed", str(o.seed),
-                    "--point-timeout-s", str(o.point_timeout_s)]
-        bound = o.point_timeout_s * o.batch + 60
+                    "--point-timeout-s", str(o.point_timeout_s), "--max-cv", str(o.max_cv),
+                    "--remeasure", str(o.remeasure)]
+        if o.compile_workers is not None:
+            job_args += ["--compile-workers", str(o.compile_workers)]
+        bound = min(o.point_timeout_s, 20.0) + 60  # the job cuts a point at the budget's end
         timeout = allot + bound
         by_option = False
         if o.timeout_s:
@@ -337,17 +340,23 @@ class Collection:
         gpu, job = key
         r = self.results[key]
         box = self.boxes.get(gpu)
-        rep: dict[str, Any] = {"gpu": gpu, "slice": job.slice, "kind": job.kind}
+        rep: dict[str, Any] = {"gpu": gpu, "slice": job.slice, "kind": job.kind,
+                               "run_id": self.run_id}
         if box:
             rep["card"] = box.card.name
+            rep["regime"] = box.probe.get("regime")
             rep["box"] = (f"{box.driver.transport.name}: {box.card.name} ({box.probe['regime']}), "
                           f"setup {box.setup_s:.0f}s")
+        if r.allotment_s:
+            rep["allotment_s"] = round(r.allotment_s, 1)
         if r.outcome:
             o = r.outcome
             stop = o.summary.get("stop")
             rep.update(state=o.state + (f" ({stop})" if stop else ""), benched=r.stat("benched"),
                        ok=r.stat("ok"), failed=r.stat("failed"), seconds=round(o.elapsed_s, 1),
-                       rows_file=str(o.rows_path) if o.rows_path else None)
+                       rows_file=str(o.rows_path) if o.rows_path else None,
+                       statuses={str(k): int(v) for k, v in (o.summary.get("statuses") or {}).items()},
+                       points_done=r.stat("points_done"), points_total=r.stat("points_total"))
         return rep
 
 

@@ -81,10 +81,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "plus one batch's bound)")
     g.addoption("--point-timeout-s", type=float, default=300.0,
                 help="bound on one point (compile + check + timing), seconds (default 300)")
+    g.addoption("--compile-workers", type=int, default=None,
+                help="processes on the box that compile the coming points while the GPU measures "
+                     "(default: the box's CPU cores less two, at most 16; 0: no compile-ahead)")
+    g.addoption("--max-cv", type=float, default=0.05,
+                help="time a point again when its timed calls' coefficient of variation is above "
+                     "this (default 0.05)")
+    g.addoption("--remeasure", type=int, default=2,
+                help="at most this many more timings of a noisy point (default 2)")
     g.addoption("--tmux-socket", default=None,
                 help="tmux server socket name on the box (tmux -L); default: the user's server")
     g.addoption("--no-merge", action="store_true", default=False,
                 help="keep the fetched rows but do not merge them (prints the merge command)")
+    g.addoption("--report-json", default=None, metavar="PATH",
+                help="at the end, also write the run as JSON to this file: options, jobs, "
+                     "totals, the merge and the exit status (written also when jobs or the "
+                     "merge failed)")
 
 
 def _validate(config: pytest.Config) -> dict[str, Any]:
@@ -104,9 +116,15 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
     except ShareError as exc:
         raise pytest.UsageError(str(exc)) from None
     for name, val, low in (("--batch", o.batch, 1), ("--tail-cap", o.tail_cap, 0),
-                           ("--max-dist", o.max_dist, 0)):
+                           ("--max-dist", o.max_dist, 0), ("--remeasure", o.remeasure, 0),
+                           ("--compile-workers", o.compile_workers, 0)):
+        if val is None:
+            continue
         if val < low:
             raise pytest.UsageError(f"{name}={val}: must be at least {low}")
+    if not (math.isfinite(o.max_cv) and o.max_cv > 0):
+        raise pytest.UsageError(f"--max-cv={o.max_cv:g}: must be a positive fraction, e.g. 0.05 "
+                                "(time again points whose calls vary more than 5%)")
     for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s),
                       ("--point-timeout-s", o.point_timeout_s)):
         if val is not None and not (math.isfinite(val) and val > 0):
@@ -171,7 +189,37 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
     if o.known_hosts is not None and not Path(o.known_hosts).expanduser().parent.is_dir():
         raise pytest.UsageError(f"--known-hosts {o.known_hosts}: its folder does not exist; give "
                                 "a file in an existing folder (default ~/.ssh/known_hosts)")
-    return {"gpus": gpus, "shares": shares, "db": db, "remote": remote}
+    report_json = _check_report_json(o, db)
+    return {"gpus": gpus, "shares": shares, "db": db, "remote": remote, "report_json": report_json}
+
+
+def _check_report_json(o: Any, db: Path | None) -> Path | None:
+    """``--report-json``: a file (made or replaced at the end) in an existing, writable folder,
+    and never the node DB or the ledger it would overwrite."""
+    if o.report_json is None:
+        return None
+    from harness.store import default_db_path
+
+    given = o.report_json
+    if not given.strip():
+        raise pytest.UsageError("--report-json='': empty; give the file to write the report to, "
+                                "e.g. --report-json=collect-report.json")
+    path = Path(given).expanduser().absolute()
+    ledger = Path(o.ledger).expanduser() if o.ledger else default_state_dir() / "ledger.json"
+    for what, other in (("the node DB (--db)", db or default_db_path()), ("the ledger (--ledger)", ledger)):
+        if path.resolve() == other.expanduser().resolve():
+            raise pytest.UsageError(f"--report-json={given} is {what}: the report would overwrite "
+                                    "it; give another file, e.g. --report-json=collect-report.json")
+    if path.is_dir():
+        raise pytest.UsageError(f"--report-json={given}: is a directory; give a file path in it, "
+                                f"e.g. --report-json={Path(given) / 'collect-report.json'}")
+    if not path.parent.is_dir():
+        raise pytest.UsageError(f"--report-json={given}: its folder {path.parent} does not exist; "
+                                "create it first or give a file in an existing folder")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise pytest.UsageError(f"--report-json={given}: its folder {path.parent} is not writable; "
+                                "give a file in a folder you can write to")
+    return path
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -185,10 +233,13 @@ def pytest_configure(config: pytest.Config) -> None:
         from harness.harvest import Harvest
         from harness.store import default_db_path
 
-        harvest = Harvest(db_path=checked["db"] or default_db_path(), no_merge=config.option.no_merge,
+        db_path = checked["db"] or default_db_path()
+        harvest = Harvest(db_path=db_path, no_merge=config.option.no_merge,
                           budget_s=config.option.budget_s,
                           leases_dir=default_state_dir() / "leases",
-                          keep_server=config.option.keep_server)
+                          keep_server=config.option.keep_server,
+                          report_json=checked["report_json"],
+                          options=_report_options(config, checked, db_path))
         config.stash[HARVEST_KEY] = harvest
         config.pluginmanager.register(harvest, "emmy-harvest")
 
@@ -227,10 +278,29 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     config.stash[COLLECTION_KEY] = Collection(config, checked, order)
 
 
+def _report_options(config: pytest.Config, checked: dict[str, Any], db_path: Path) -> dict[str, Any]:
+    """The options of this run that ``--report-json`` records (never a command template: an
+    ``--up-cmd`` may hold a token)."""
+    o = config.option
+    state = default_state_dir()
+    return {"gpu": o.gpu, "gpus": list(checked["gpus"]), "budget_s": o.budget_s,
+            "db": str(db_path),
+            "ledger": str(Path(o.ledger).expanduser() if o.ledger else state / "ledger.json"),
+            "rows_dir": str(Path(o.rows_dir).expanduser() if o.rows_dir else state / "rows"),
+            "shares": dict(checked["shares"]), "max_dist": o.max_dist, "tail_cap": o.tail_cap,
+            "batch": o.batch, "seed": o.seed, "filter": o.filter, "keyword": o.keyword or None,
+            "timeout_s": o.timeout_s, "point_timeout_s": o.point_timeout_s,
+            "no_merge": o.no_merge, "remote": o.remote, "provider": o.provider,
+            "numprocesses": getattr(o, "numprocesses", None)}
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     harvest = session.config.stash.get(HARVEST_KEY, None)
     if harvest is not None:
-        harvest.finish()
+        try:
+            harvest.finish()
+        finally:  # also when the merge or a release raised: write what is known
+            harvest.write_report(exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

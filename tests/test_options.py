@@ -51,6 +51,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("timeout-inf", ["--timeout-s=inf"], r"--timeout-s=inf: must be a positive number of seconds"),
     ("point-timeout-zero", ["--point-timeout-s=0"], r"--point-timeout-s=0: must be a positive number"),
     ("point-timeout-nan", ["--point-timeout-s=nan"], NAN.format("point-timeout-s")),
+    ("compile-workers-negative", ["--compile-workers=-1"], r"--compile-workers=-1: must be at least 0"),
+    ("remeasure-negative", ["--remeasure=-2"], r"--remeasure=-2: must be at least 0"),
+    ("max-cv-zero", ["--max-cv=0"], r"--max-cv=0: must be a positive fraction, e.g. 0.05"),
+    ("max-cv-nan", ["--max-cv=nan"], r"--max-cv=nan: must be a positive fraction"),
     ("remote-space", ["--gpu=h100", "--remote=gpu box"],
      r"--remote 'gpu box': empty or contains whitespace; expected user@host\[:port\]"),
     ("remote-port", ["--gpu=h100", "--remote=u@gpu:99999"],
@@ -96,6 +100,15 @@ CASES: list[tuple[str, list[str], str]] = [
     ("box-dir-home", ["--box-dir=~"], r"--box-dir=~: the run makes this folder private"),
     ("box-dir-remote-home", ["--gpu=h100", "--remote=u@gpu", "--box-dir=~/"], r"--box-dir=~/: the run makes"),
     ("box-dir-dot", ["--box-dir=."], r"--box-dir=\.: the run makes this folder private"),
+    ("report-json-empty", ["--report-json="], r"--report-json='': empty; give the file to write"),
+    ("report-json-a-folder", ["--report-json={tmp}"],
+     r"--report-json=.*: is a directory; give a file path in it, e.g. --report-json=.*collect-report.json"),
+    ("report-json-folder-missing", ["--report-json={tmp}/no/report.json"],
+     r"--report-json=.*no/report.json: its folder .*no does not exist; create it first or give a file"),
+    ("report-json-is-the-db", ["--report-json={tmp}/db/autotune.db"],
+     r"--report-json=.*autotune.db is the node DB \(--db\): the report would overwrite it; give another"),
+    ("report-json-is-the-ledger", ["--ledger={tmp}/ledger.json", "--report-json={tmp}/ledger.json"],
+     r"--report-json=.*ledger.json is the ledger \(--ledger\): the report would overwrite it"),
 ]
 
 
@@ -129,6 +142,7 @@ def test_bad_value_is_a_usage_error_and_nothing_is_touched(project: pytest.Pytes
     assert not (tmp / "box").exists()
     assert not (tmp / "db").exists()
     assert not (tmp / "state").exists()
+    assert not list(tmp.glob("*.json"))  # no --report-json either
     assert subprocess.run(["tmux", "-L", tmux_socket, "has-session"], capture_output=True).returncode != 0
 
 

@@ -88,7 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     batch=args.batch, seed=args.seed, max_dist=args.max_dist,
                     tail_cap=args.tail_cap, filter=args.filter, max_attempts=args.max_attempts,
                     point_timeout_s=args.point_timeout_s, warmup=args.warmup, iters=args.iters,
-                    run_id=args.run_id or new_run_id())
+                    compile_workers=args.compile_workers, max_cv=args.max_cv,
+                    remeasure=args.remeasure, run_id=args.run_id or new_run_id())
     run_job(cfg)
     return 0
 
@@ -96,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from harness.box.bench import serve
 
-    return serve(args.device, args.warmup, args.iters, args.seed)
+    return serve(args.device, args.warmup, args.iters, args.seed, args.max_cv, args.remeasure)
 
 
 def _pool_args(p: argparse.ArgumentParser) -> None:
@@ -104,6 +105,14 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tail-cap", type=int, default=200)
     p.add_argument("--filter", default=None)
     p.add_argument("--max-attempts", type=int, default=2)
+
+
+def _noise_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-cv", type=float, default=0.05,
+                   help="time a point again when its timed calls' coefficient of variation is "
+                        "above this (default 0.05)")
+    p.add_argument("--remeasure", type=int, default=2,
+                   help="at most this many more timings of a noisy point (default 2)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -132,6 +141,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--run-id", default=None)
+    p.add_argument("--compile-workers", type=int, default=None,
+                   help="processes compiling the coming points ahead (default: the spare CPU "
+                        "cores; 0: the bench worker compiles each point itself)")
+    _noise_args(p)
     _pool_args(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("worker", help="(internal) the bench worker: JSON lines on stdin/stdout")
@@ -139,6 +152,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    _noise_args(p)
     p.set_defaults(func=cmd_worker)
     return ap
 

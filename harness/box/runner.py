@@ -3,8 +3,9 @@
 Lifecycle: probe the card → build the pool → drop points the ledger says are done → loop
 {draw a shape ∝ its remaining points, draw up to ``--batch`` points of it, bench them in the
 worker, append their rows (fsync), mark and save the ledger} → summary line + summary file.
-Budget is checked before each batch, and each point has a time bound, so a job overshoots
-its allotment by at most one batch.
+The coming batches are drawn ahead and compile in a process pool on the box's CPU cores while
+the GPU measures.  The budget is checked before each point, and a point's time bound never
+reaches more than ``BUDGET_GRACE_S`` past the allotment, so a job ends within about that of it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import select
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,10 +43,12 @@ def new_run_id() -> str:
 class Worker:
     """The bench worker process; restarted when it dies or hangs."""
 
-    def __init__(self, regime: str, warmup: int, iters: int, seed: int, log_path: Path) -> None:
+    def __init__(self, regime: str, warmup: int, iters: int, seed: int, log_path: Path,
+                 max_cv: float = 0.05, remeasure: int = 2) -> None:
         self.regime = regime
         self.args = [sys.executable, "-m", "harness.box", "worker", "--warmup", str(warmup),
-                     "--iters", str(iters), "--seed", str(seed),
+                     "--iters", str(iters), "--seed", str(seed), "--max-cv", str(max_cv),
+                     "--remeasure", str(remeasure),
                      "--device", "cpu" if regime == INTERPRET else "cuda"]
         self.log_path = log_path
         self.proc: subprocess.Popen[str] | None = None
@@ -187,12 +190,17 @@ class JobConfig:
     point_timeout_s: float = 300.0
     warmup: int = 5
     iters: int = 20
+    compile_workers: int | None = None  # None: the box's spare cores; 0: no compile-ahead
+    max_cv: float = 0.05
+    remeasure: int = 2
     run_id: str = field(default_factory=new_run_id)
 
 
 def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card_feats: dict[str, Any],
-             shape_feats: dict[str, Any], cfg: JobConfig) -> dict[str, Any]:
+             shape_feats: dict[str, Any], cfg: JobConfig,
+             gpu: tuple[dict[str, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
     features = {**card_feats, **shape_feats, **point.knobs, **res.get("compile", {})}
+    before, after = gpu or ({}, {})
     return {
         "point_key": point.key, "gpu": point.gpu, "regime": info["regime"], "kind": point.kind,
         "shape_id": point.shape_id, "shape": point.shape, "spec": point.spec,
@@ -204,7 +212,12 @@ def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card
         "run_id": cfg.run_id, "measured_at": utc_now(),
         "provenance": {"host": info.get("host"), "device_name": info.get("device_name"),
                        "gpu_uuid": info.get("gpu_uuid"), **info.get("versions", {}),
-                       "warmup": cfg.warmup, "iters": cfg.iters},
+                       "warmup": cfg.warmup, "iters": cfg.iters, "max_cv": cfg.max_cv,
+                       "cv": res.get("cv"), "remeasured": res.get("remeasured"),
+                       "compiled_ahead": bool(res.get("compiled_ahead")),
+                       "first_launch_s": res.get("first_launch_s"),
+                       "sm_mhz": [before.get("sm_mhz"), after.get("sm_mhz")],
+                       "temp_c": [before.get("temp_c"), after.get("temp_c")]},
     }
 
 
@@ -219,12 +232,24 @@ def process_age_s() -> float:
         return 0.0
 
 
-def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) -> dict[str, Any]:
+# A point started near the end of the allotment may run this far past it before it is cut (and
+# left for the next run): the bound that keeps every job within about a minute of its allotment.
+BUDGET_GRACE_S = 20.0
+
+
+def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
+            compile_pool: Any = None) -> dict[str, Any]:
     """Run one job to its budget or the end of its pool; returns (and writes) the summary.
 
-    When its rows file or ledger cannot be written (a full disk), the job stops, keeps the whole
-    rows already written, writes the summary with an ``error`` and exits with status 1."""
+    The coming batches are drawn ahead and compile in a process pool (``compiler.CompilePool``)
+    while the bench worker measures the current one.  Each point's bound is the smaller of
+    ``point_timeout_s`` and what is left of the budget plus ``BUDGET_GRACE_S``; a point cut by
+    the budget writes no row and is measured next run.  When its rows file or ledger cannot be
+    written (a full disk), the job stops, keeps the whole rows already written, writes the
+    summary with an ``error`` and exits with status 1.  ``compile_pool`` is a test seam."""
     from harness import kinds as registry
+    from harness.box.compiler import CompilePool, default_workers
+    from harness.box.gpustate import GpuState
 
     t0 = clock() - (process_age_s() if clock is time.monotonic else 0.0)
     info = probe()
@@ -232,6 +257,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) 
     regime = info["regime"]
     warmup, iters = (cfg.warmup, cfg.iters) if regime != INTERPRET else (1, 3)
     cfg.warmup, cfg.iters = warmup, iters
+    if regime == INTERPRET:  # CPU timings of the interpreter: not worth timing again
+        cfg.remeasure = 0
     ledger = Ledger.load(cfg.ledger_path)
     pool = pools.build(card, kinds=[cfg.kind], filter=cfg.filter, max_dist=cfg.max_dist,
                        tail_cap=cfg.tail_cap)
@@ -241,54 +268,123 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) 
         if ledger.needs_run(p.key, regime, cfg.max_attempts):
             remaining[p.shape_id].append(p)
     total, todo = len(points), sum(len(v) for v in remaining.values())
+    n_compile = 0
+    if compile_pool is None and regime != INTERPRET and todo:
+        n_compile = default_workers() if cfg.compile_workers is None else cfg.compile_workers
+        compile_pool = CompilePool(n_compile) if n_compile > 0 else None
+    elif compile_pool is not None:
+        n_compile = compile_pool.workers
     print(f"[sweep] card {card.name} ({regime}); job {cfg.slice}-{cfg.kind}: {todo} of {total} "
-          f"points to measure; budget {cfg.budget_s:.0f}s; run {cfg.run_id}", file=log, flush=True)
+          f"points to measure; budget {cfg.budget_s:.0f}s; "
+          f"{n_compile or 'no'} compile-ahead processes; run {cfg.run_id}", file=log, flush=True)
     kind = registry.get(cfg.kind)
     card_feats = card.features()
     rng = random.Random(cfg.seed)
     cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
-    worker = Worker(regime, warmup, iters, cfg.seed, cfg.rows_path.parent / "worker.log")
+    worker = Worker(regime, warmup, iters, cfg.seed, cfg.rows_path.parent / "worker.log",
+                    max_cv=cfg.max_cv, remeasure=cfg.remeasure)
+    gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None
     counts: Counter[str] = Counter()
+    times: Counter[str] = Counter()
     batch_i = 0
     stop = "pool exhausted"
     error: str | None = None
+    planned: deque[tuple[str, list[pools.Point]]] = deque()
+    in_flight: set[str] = set()
+    lookahead = -(-2 * n_compile // max(1, cfg.batch)) if compile_pool is not None else 0
+
+    def draw() -> bool:
+        """Plan the next batch: a shape drawn in proportion to its points not yet planned."""
+        avail = {sid: [p for p in pts if p.key not in in_flight] for sid, pts in remaining.items()}
+        avail = {sid: pts for sid, pts in avail.items() if pts}
+        if not avail:
+            return False
+        shape_ids = sorted(avail)
+        sid = rng.choices(shape_ids, weights=[len(avail[s]) for s in shape_ids])[0]
+        batch = rng.sample(avail[sid], min(cfg.batch, len(avail[sid])))
+        in_flight.update(p.key for p in batch)
+        if compile_pool is not None:
+            for p in batch:
+                compile_pool.submit(p.key, p.kind, p.shape, p.knobs)
+        planned.append((sid, batch))
+        return True
+
+    def left_s() -> float:
+        return cfg.budget_s - (clock() - t0) if cfg.budget_s else float("inf")
+
     rows_file = RowsWriter(cfg.rows_path)
     try:
-        while remaining:
-            spent = clock() - t0
-            if cfg.budget_s and spent >= cfg.budget_s:
+        while True:
+            if left_s() <= 0:
                 stop = "budget spent"
                 break
-            shape_ids = sorted(remaining)
-            sid = rng.choices(shape_ids, weights=[len(remaining[s]) for s in shape_ids])[0]
-            batch = rng.sample(remaining[sid], min(cfg.batch, len(remaining[sid])))
+            while len(planned) <= lookahead and draw():
+                pass
+            if not planned:
+                break
+            sid, batch = planned.popleft()
+            if times["startup"] == 0:
+                times["startup"] = clock() - t0
             batch_i += 1
             tb = clock()
             statuses = []
             shape_feats = kind.shape_features(batch[0].shape)
+            state = gpu_state.read() if gpu_state else {}
+            cut = False
             for p in batch:
-                req = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
-                res = worker.bench(req, cfg.point_timeout_s)
-                row = make_row(p, res, info, card_feats, shape_feats, cfg)
+                req: dict[str, Any] = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
+                if compile_pool is not None:
+                    tw = clock()
+                    ans = compile_pool.wait(p.key, min(cfg.point_timeout_s,
+                                                       left_s() + BUDGET_GRACE_S))
+                    times["compile_wait"] += clock() - tw
+                    if ans is not None and "error" not in ans:
+                        req["compiled_ahead"] = ans
+                        times["compiled_ahead"] += 1
+                bound = min(cfg.point_timeout_s, left_s() + BUDGET_GRACE_S)
+                if bound <= 0:
+                    cut = True
+                    break
+                tw = clock()
+                res = worker.bench(req, bound)
+                times["worker"] += clock() - tw
+                if res["status"] == "timeout" and bound < cfg.point_timeout_s:
+                    # cut by the budget, not by its own bound: no row, measured next run
+                    print(f"[sweep] {p.key}: cut at the end of the budget; measured next run",
+                          file=log, flush=True)
+                    cut = True
+                    break
+                res["compiled_ahead"] = "compiled_ahead" in req
+                after = gpu_state.read() if gpu_state else {}
+                row = make_row(p, res, info, card_feats, shape_feats, cfg, (state, after))
+                state = after
                 # written at once: a job killed mid-batch keeps the points it measured; a
                 # point whose row could not be written is never marked in the ledger
                 rows_file.write(row)
                 ledger.mark(p.key, p.spec, regime, res["status"], res.get("error"))
                 statuses.append(res["status"])
                 counts[res["status"]] += 1
+                if res["status"] == "ok":
+                    times["timed_kernels"] += (res.get("n_samples") or 0) * (
+                        (res.get("value_us") or 0) + (res.get("ref_us") or 0)) * 1e-6
+                    times["remeasured"] += res.get("remeasured") or 0
+            in_flight.difference_update(p.key for p in batch)
             rows_file.sync()
             _save_ledger(ledger, cfg.ledger_path)
-            remaining[sid] = [p for p in remaining[sid]
+            remaining[sid] = [p for p in remaining.get(sid, [])
                               if ledger.needs_run(p.key, regime, cfg.max_attempts)]
             if not remaining[sid]:
                 del remaining[sid]
             left = sum(len(v) for v in remaining.values())
             n_ok = statuses.count("ok")
-            print(f"[batch {batch_i}] {cfg.slice} {cfg.kind} {sid}: {n_ok}/{len(batch)} ok "
+            print(f"[batch {batch_i}] {cfg.slice} {cfg.kind} {sid}: {n_ok}/{len(statuses)} ok "
                   f"({clock() - tb:.1f}s) statuses={statuses} | done {sum(counts.values())}, "
                   f"ok {counts['ok']}, failed {sum(counts.values()) - counts['ok']}, "
-                  f"left {left}, {max(0.0, cfg.budget_s - (clock() - t0)):.0f}s of budget left",
+                  f"left {left}, {max(0.0, left_s()):.0f}s of budget left",
                   file=log, flush=True)
+            if cut:
+                stop = "budget spent"
+                break
     except BoxWriteError as exc:
         error, stop = str(exc), "failed: rows or ledger not written"
         print(f"[sweep] error: {exc}", file=log, flush=True)
@@ -300,17 +396,28 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic) 
     finally:
         rows_file.close()
         worker.close()
+        if compile_pool is not None:
+            compile_pool.close()
     elapsed = clock() - t0
     done = sum(1 for p in points if not ledger.needs_run(p.key, regime, cfg.max_attempts))
+    benched = sum(counts.values())
     summary = {"run_id": cfg.run_id, "slice": cfg.slice, "kind": cfg.kind, "card": card.name,
                "regime": regime, "stop": stop, "points_total": total, "points_done": done,
-               "benched": sum(counts.values()), "ok": counts["ok"],
-               "failed": sum(counts.values()) - counts["ok"], "statuses": dict(counts),
+               "benched": benched, "ok": counts["ok"],
+               "failed": benched - counts["ok"], "statuses": dict(counts),
                "batches": batch_i, "elapsed_s": round(elapsed, 2), "budget_s": cfg.budget_s,
-               "worker_restarts": worker.restarts}
+               "over_budget_s": round(elapsed - cfg.budget_s, 2) if cfg.budget_s else None,
+               "worker_restarts": worker.restarts,
+               "compile_workers": n_compile,
+               "compiled_ahead": int(times["compiled_ahead"]),
+               "remeasured": int(times["remeasured"]),
+               "time_s": {"startup": round(times["startup"], 2),
+                          "compile_wait": round(times["compile_wait"], 2),
+                          "worker": round(times["worker"], 2),
+                          "timed_kernels": round(times["timed_kernels"], 3)}}
     if error:
         summary["error"] = error
-    print(f"sweep done: {cfg.slice}-{cfg.kind} {done}/{total} points ({summary['benched']} benched "
+    print(f"sweep done: {cfg.slice}-{cfg.kind} {done}/{total} points ({benched} benched "
           f"this run: {counts['ok']} ok, {summary['failed']} failed) in {elapsed:.0f}s; {stop}",
           file=log, flush=True)
     if cfg.summary_path:

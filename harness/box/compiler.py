@@ -1,0 +1,130 @@
+"""Compile ahead of the GPU: the coming points compile in a process pool on the box's CPU cores.
+
+Each pool process configures a point's kernel exactly as the bench worker will (same kind
+code, same shape, same knobs) but on storage-free ``meta`` tensors, and asks Triton to compile
+it without launching (``warmup=True``).  The compiled kernel lands in Triton's on-disk cache,
+which the pool and the bench worker share (the same ``TRITON_CACHE_DIR``), so the worker's first
+launch of that point only loads it.  Nothing here runs on the GPU, and nothing here decides a
+point's status: a compile that fails, hangs or is not done in time is simply compiled again by
+the worker, which classifies the failure as it always does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+# A compile answer: {"compile_s": float} or {"compile_s": float, "error": "..."}
+CompileFn = Callable[[str, dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+def default_workers() -> int:
+    """CPU cores left after the sweep's own process and its bench worker (at most 16)."""
+    return max(1, min(16, (os.cpu_count() or 2) - 2))
+
+
+@contextlib.contextmanager
+def _compile_only() -> Iterator[None]:
+    """``kernel[grid](...)`` compiles and returns without launching; ``torch.randn`` makes
+    storage-free tensors (a kind's inputs are random; only their shapes, strides and dtypes
+    reach the compiler)."""
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    def getitem(self: Any, grid: Any) -> Any:
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
+
+    def randn(*size: Any, generator: Any = None, **kw: Any) -> Any:
+        if len(size) == 1 and isinstance(size[0], (tuple, list)):
+            size = tuple(size[0])
+        kw["device"] = "meta"
+        return torch.empty(*size, **kw)
+
+    saved_getitem, saved_randn = JITFunction.__getitem__, torch.randn
+    JITFunction.__getitem__, torch.randn = getitem, randn  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        JITFunction.__getitem__, torch.randn = saved_getitem, saved_randn  # type: ignore[method-assign]
+
+
+_INPUTS: dict[str, Any] = {}
+
+
+def compile_point(kind_name: str, shape: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    """Compile one point into Triton's cache; runs in a pool process."""
+    import json
+
+    from harness import kinds as registry
+
+    t0 = time.perf_counter()
+    try:
+        kind = registry.get(kind_name)
+        with _compile_only():
+            key = json.dumps([kind_name, shape], sort_keys=True)
+            if key not in _INPUTS:
+                _INPUTS.clear()
+                _INPUTS[key] = kind.make_inputs(shape, "meta", 0)
+            kind.prepare(knobs, shape, _INPUTS[key]).run()
+    except Exception as exc:  # noqa: BLE001 - the bench worker compiles it again and classifies
+        return {"compile_s": round(time.perf_counter() - t0, 4),
+                "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {"compile_s": round(time.perf_counter() - t0, 4)}
+
+
+def _warm() -> None:
+    """Pool process start: import torch and triton once, before the first point arrives."""
+    import torch  # noqa: F401
+    import triton  # noqa: F401
+
+
+class CompilePool:
+    """Points submitted in the order they will be measured; ``wait`` hands back the compile
+    answer of one, bounded in time.  ``compile_fn`` is a seam for tests of the scheduling."""
+
+    def __init__(self, workers: int, compile_fn: CompileFn = compile_point) -> None:
+        self.workers = workers
+        ctx = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_warm)
+        self._fn = compile_fn
+        self._futures: dict[str, Future[dict[str, Any]]] = {}
+        self.submitted = 0
+
+    def submit(self, key: str, kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> None:
+        if key not in self._futures:
+            self._futures[key] = self._pool.submit(self._fn, kind, dict(shape), dict(knobs))
+            self.submitted += 1
+
+    def wait(self, key: str, timeout_s: float) -> dict[str, Any] | None:
+        """The point's compile answer, or None when it was never submitted, is not done within
+        ``timeout_s`` or its pool process died (the worker then compiles it itself)."""
+        fut = self._futures.pop(key, None)
+        if fut is None:
+            return None
+        try:
+            return fut.result(timeout=max(0.0, timeout_s))
+        except FutureTimeout:
+            fut.cancel()
+            return None
+        except Exception:  # noqa: BLE001 - a broken pool: the worker compiles
+            return None
+
+    def close(self) -> None:
+        """Drop what is queued and end the pool processes at once (a compile in progress too)."""
+        for fut in self._futures.values():
+            fut.cancel()
+        self._futures.clear()
+        procs = list(getattr(self._pool, "_processes", {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.kill()
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(timeout=5)

@@ -1,0 +1,233 @@
+"""Compile-ahead, the noise policy and the budget bound of a job.
+
+CPU tests drive the real ``run_job`` in the interpret regime with a stand-in compile pool at
+our own seam (``run_job(compile_pool=...)``); the pool's own scheduling runs real spawned
+processes.  The GPU-marked test compiles a real point in the pool and checks that the bench
+worker then only loads it from Triton's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.box import runner
+from harness.box.compiler import CompilePool
+from harness.box.gpustate import GpuState
+from harness.box.runner import JobConfig, run_job
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# -- stand-in compile functions (module level: the pool pickles them into spawned processes) ---
+def quick_compile(kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    return {"compile_s": 0.001, "kind": kind, "pid": os.getpid()}
+
+
+def slow_compile(kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(knobs.get("sleep", 60))
+    return {"compile_s": 60.0}
+
+
+def failing_compile(kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    raise RuntimeError("compiler broke")
+
+
+class RecordingPool:
+    """Our seam: records submissions and waits; answers every point as compiled."""
+
+    workers = 4
+
+    def __init__(self, wait_s: float = 0.0) -> None:
+        self.submitted: list[str] = []
+        self.waited: list[str] = []
+        self.pending_at_wait: list[int] = []
+        self.wait_s = wait_s
+        self.closed = False
+
+    def submit(self, key: str, kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> None:
+        self.submitted.append(key)
+
+    def wait(self, key: str, timeout_s: float) -> dict[str, Any] | None:
+        self.waited.append(key)
+        self.pending_at_wait.append(len(self.submitted) - len(self.waited))
+        if self.wait_s:
+            time.sleep(min(self.wait_s, max(0.0, timeout_s)))
+            return None
+        return {"compile_s": 0.25}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _cfg(tmp_path: Path, **over: Any) -> JobConfig:
+    base: dict[str, Any] = dict(slice="tail", kind="softmax", budget_s=0, batch=3, seed=3,
+                                rows_path=tmp_path / "rows.jsonl",
+                                ledger_path=tmp_path / "ledger.json",
+                                summary_path=tmp_path / "summary.json", filter="M16_N16")
+    base.update(over)
+    return JobConfig(**base)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_points_are_submitted_ahead_in_measuring_order_and_rows_say_so(tmp_path: Path) -> None:
+    pool = RecordingPool()
+    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=1e9, tail_cap=12,
+                           kind="rms_norm"),
+                      log=open(os.devnull, "w"), compile_pool=pool)  # noqa: SIM115
+    rows = _rows(tmp_path / "rows.jsonl")
+    assert rows, "the job measured nothing"
+    # every measured point was handed to the pool first, in the order it was then measured
+    assert pool.waited == [r["point_key"] for r in rows]
+    assert pool.submitted[: len(pool.waited)] == pool.waited
+    # while a point is measured, the coming batches are already compiling (lookahead 2*4/3 -> 3
+    # batches of 3) until the pool runs out of points
+    assert max(pool.pending_at_wait) >= 3 * 3
+    assert pool.closed
+    for r in rows:
+        assert r["compile_s"] == 0.25  # the pool's compile time, not the worker's first launch
+        assert r["provenance"]["compiled_ahead"] is True
+        assert r["provenance"]["first_launch_s"] is not None
+    assert summary["compiled_ahead"] == len(rows)
+    assert summary["compile_workers"] == 4
+    assert set(summary["time_s"]) == {"startup", "compile_wait", "worker", "timed_kernels"}
+
+
+def test_a_job_ends_within_the_grace_of_its_budget_when_compiles_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every compile wait runs to its bound: the budget, not the point timeout, ends the job."""
+    monkeypatch.setattr(runner, "BUDGET_GRACE_S", 1.0)
+    pool = RecordingPool(wait_s=30.0)
+    t = time.monotonic()
+    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=3.0, tail_cap=12,
+                           kind="rms_norm", point_timeout_s=300.0),
+                      log=open(os.devnull, "w"), compile_pool=pool,  # noqa: SIM115
+                      clock=lambda: time.monotonic())  # this process's age is pytest's, not the job's
+    took = time.monotonic() - t
+    assert summary["stop"] == "budget spent"
+    assert summary["batches"] >= 1 and summary["time_s"]["compile_wait"] >= 2.0
+    # start-up counts in the budget; the cut comes at most the grace (1 s) after it
+    assert summary["over_budget_s"] <= 1.0 + 2.0, summary
+    assert took < 3.0 + 1.0 + 5.0
+    # the point cut by the budget wrote no row and is left for the next run
+    rows = _rows(tmp_path / "rows.jsonl") if (tmp_path / "rows.jsonl").exists() else []
+    ledger = json.loads((tmp_path / "ledger.json").read_text()) if rows else {}
+    assert len(rows) < len(pool.waited) or not pool.waited
+    assert all(r["point_key"] != pool.waited[-1] for r in rows)
+    assert pool.waited[-1] not in json.dumps(ledger)
+
+
+def test_the_pool_hands_back_answers_and_bounds_every_wait() -> None:
+    pool = CompilePool(2, compile_fn=quick_compile)
+    try:
+        pool.submit("a", "softmax", {"M": 1}, {})
+        pool.submit("b", "softmax", {"M": 2}, {})
+        pool.submit("a", "softmax", {"M": 1}, {})  # submitted once
+        assert pool.submitted == 2
+        a = pool.wait("a", 60)
+        assert a is not None and a["compile_s"] == 0.001 and a["pid"] != os.getpid()
+        assert pool.wait("b", 60)["kind"] == "softmax"  # type: ignore[index]
+        assert pool.wait("never-submitted", 1) is None
+    finally:
+        pool.close()
+
+
+def test_a_hung_or_broken_compile_is_left_to_the_worker_and_close_is_prompt() -> None:
+    pool = CompilePool(1, compile_fn=slow_compile)
+    broken = CompilePool(1, compile_fn=failing_compile)
+    try:
+        pool.submit("hang", "softmax", {}, {"sleep": 120})
+        t = time.monotonic()
+        assert pool.wait("hang", 1.0) is None  # not done in time: the worker compiles it
+        assert time.monotonic() - t < 5
+        broken.submit("x", "softmax", {}, {})
+        assert broken.wait("x", 60) is None  # raised in the pool: the worker compiles it
+        pool.submit("hang2", "softmax", {}, {"sleep": 120})
+    finally:
+        t = time.monotonic()
+        pool.close()
+        broken.close()
+    assert time.monotonic() - t < 15, "close waited for a hung compile"
+
+
+def test_noisy_points_are_timed_again_and_rows_keep_cv_and_samples(tmp_path: Path) -> None:
+    from harness.box.bench import Bencher
+
+    shape = {"M": 16, "N": 16, "dtype": "fp32"}
+    from harness import kinds as registry
+
+    knobs = registry.get("softmax").enumerate(shape, __import__("harness.cards").cards.INTERPRETER)[0]
+    req = {"kind": "softmax", "shape": shape, "knobs": knobs}
+    strict = Bencher("cpu", 1, 5, max_cv=1e-9, remeasure=2).measure(req)
+    assert strict["status"] == "ok", strict
+    assert strict["remeasured"] == 2  # CPU timings always vary more than 1e-9
+    assert strict["n_samples"] == 5 and strict["variance"] > 0 and strict["cv"] > 0
+    lax = Bencher("cpu", 1, 5, max_cv=1e9, remeasure=2).measure(req)
+    assert lax["remeasured"] == 0 and lax["cv"] < 1e9
+    none = Bencher("cpu", 1, 5, max_cv=1e-9, remeasure=0).measure(req)
+    assert none["remeasured"] == 0
+
+
+def test_rows_carry_provenance_of_the_measurement(tmp_path: Path) -> None:
+    run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=1e9, tail_cap=12, kind="softmax"),
+            log=open(os.devnull, "w"), compile_pool=RecordingPool())  # noqa: SIM115
+    rows = _rows(tmp_path / "rows.jsonl")
+    assert rows
+    prov = rows[0]["provenance"]
+    for key in ("torch", "triton", "python", "max_cv", "cv", "remeasured", "sm_mhz", "temp_c",
+                "compiled_ahead", "first_launch_s", "warmup", "iters"):
+        assert key in prov, key
+    assert prov["sm_mhz"] == [None, None]  # no GPU here: said, not invented
+    assert not GpuState().available or os.path.exists("/dev/nvidiactl")
+
+
+@pytest.mark.gpu
+def test_a_point_compiled_in_the_pool_is_only_loaded_by_the_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
+    from harness import kinds as registry
+    from harness.box.probe import card_from_probe, probe
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # nothing cached
+    card = card_from_probe(probe())
+    shape = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
+    pool_specs = registry.get("matmul").enumerate(shape, card)
+    import random
+
+    sample = random.Random(7).sample(pool_specs, 6)
+    pool = CompilePool(6)
+    worker = runner.Worker("deployable", 5, 20, 0, tmp_path / "worker.log")
+    lines = []
+    try:
+        for i, knobs in enumerate(sample):
+            pool.submit(str(i), "matmul", shape, knobs)
+        gained = []
+        for i, knobs in enumerate(sample):
+            ans = pool.wait(str(i), 300)
+            assert ans is not None and "error" not in ans, ans
+            res = worker.bench({"kind": "matmul", "shape": shape, "knobs": knobs,
+                                "compiled_ahead": ans}, 300)
+            assert res["status"] in ("ok", "bench_fail"), res
+            if res["status"] == "ok":
+                gained.append(ans["compile_s"] / res["first_launch_s"])
+            lines.append(f"{knobs} pool compile {ans['compile_s']:.3f}s, worker first launch "
+                         f"{res['first_launch_s']:.3f}s, {res['status']} {res.get('value_us')}")
+        assert gained, "no point of the sample ran"
+        assert statistics.median(gained) > 3, lines
+    finally:
+        pool.close()
+        worker.close()
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
