@@ -1,0 +1,184 @@
+"""Points per GPU-hour of the sweep against a serial compile-then-``do_bench`` loop, side by side.
+
+    python bench/throughput.py [--kinds matmul,attention,softmax] [--budget-s 40]
+                               [--serial-s 30] [--out DIR]
+
+Run on the box (a real GPU).  For each kind it runs one real sweep job
+(``python -m harness.box run``, compile-ahead on, the box's defaults) for ``--budget-s`` and
+then, over the very points that job measured, in the order it measured them, the loop
+``triton.autotune`` runs: compile a configuration (its first launch), then
+``triton.testing.do_bench`` it, one after the other, for ``--serial-s``.  Each side starts with
+an empty Triton cache of its own and counts its own process start-up.  Points per hour are
+points measured over wall seconds.
+
+It prints, per kind and over all: both rates and their ratio; the fraction of the sweep's wall
+time the GPU spent in timed kernels (candidate and reference calls of the kept samples); and
+where the rest went (start-up, bench worker, waiting for compiles, the harness's own work).
+The rows (``DIR/rows-KIND.jsonl``) feed ``bench/reproducibility.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _env(cache: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TRITON_CACHE_DIR"] = str(cache)
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_sweep_job(kind: str, slice_: str, budget_s: float, out: Path, extra: list[str]) -> dict[str, Any]:
+    rows, summary = out / f"rows-{kind}.jsonl", out / f"summary-{kind}.json"
+    for p in (rows, summary, out / f"ledger-{kind}.json"):
+        p.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "harness.box", "run", "--slice", slice_, "--kind", kind,
+           "--budget-s", str(budget_s), "--rows", str(rows), "--ledger", str(out / f"ledger-{kind}.json"),
+           "--summary", str(summary), *extra]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, env=_env(out / "cache-sweep"), cwd=ROOT, capture_output=True,
+                          text=True)
+    wall = time.monotonic() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"sweep job {kind} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-2000:]}")
+    return {"wall_s": wall, "summary": json.loads(summary.read_text()), "rows": rows}
+
+
+def run_serial(rows: Path, limit_s: float, out: Path, kind: str) -> dict[str, Any]:
+    res = out / f"serial-{kind}.jsonl"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_serial", "--rows", str(rows),
+           "--limit-s", str(limit_s), "--out", str(res)]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, env=_env(out / f"cache-serial-{kind}"), cwd=ROOT,
+                          capture_output=True, text=True)
+    wall = time.monotonic() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"serial loop {kind} failed:\n{proc.stderr[-3000:]}")
+    done = [json.loads(line) for line in res.read_text().splitlines()]
+    return {"wall_s": wall, "points": done}
+
+
+def serial_main(args: argparse.Namespace) -> int:
+    """The autotune-style loop: compile, then do_bench, one point after the other."""
+    t_start = time.monotonic()
+    import torch
+    import triton.testing
+
+    from harness import kinds as registry
+
+    rows = [json.loads(line) for line in Path(args.rows).read_text().splitlines() if line.strip()]
+    inputs_key, inputs = None, None
+    with open(args.out, "w") as out:
+        for r in rows:
+            if time.monotonic() - t_start > args.limit_s:
+                break
+            kind = registry.get(r["kind"])
+            key = json.dumps([r["kind"], r["shape"]], sort_keys=True)
+            if key != inputs_key:
+                inputs = kind.make_inputs(r["shape"], "cuda", 0)
+                inputs_key = key
+            rec: dict[str, Any] = {"point_key": r["point_key"], "harness_status": r["status"]}
+            try:
+                launch = kind.prepare(r["knobs"], r["shape"], inputs)
+                t = time.perf_counter()
+                launch.run()
+                torch.cuda.synchronize()
+                rec["compile_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                rec["do_bench_us"] = triton.testing.do_bench(launch.run, return_mode="median") * 1e3
+                rec["bench_s"] = time.perf_counter() - t
+            except Exception as exc:  # noqa: BLE001 - autotune skips configs that fail
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    s = sub.add_parser("_serial")
+    s.add_argument("--rows", required=True)
+    s.add_argument("--limit-s", type=float, required=True)
+    s.add_argument("--out", required=True)
+    ap.add_argument("--kinds", default="matmul,attention,softmax")
+    ap.add_argument("--slice", default="own")
+    ap.add_argument("--budget-s", type=float, default=40.0)
+    ap.add_argument("--serial-s", type=float, default=30.0)
+    ap.add_argument("--out", default="bench-out")
+    ap.add_argument("--job-args", default="", help="more arguments for the sweep job")
+    args = ap.parse_args()
+    if args.cmd == "_serial":
+        return serial_main(args)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    tot = {"sweep_n": 0, "sweep_s": 0.0, "serial_n": 0, "serial_s": 0.0}
+    print(f"{'kind':12} {'sweep pts':>9} {'sweep s':>8} {'pts/GPU-h':>10} {'serial pts':>10} "
+          f"{'serial s':>8} {'pts/GPU-h':>10} {'ratio':>6} {'GPU in timed kernels':>21} "
+          f"{'startup/worker/compile-wait/harness s':>38}")
+    for kind in [k for k in args.kinds.split(",") if k]:
+        sw = run_sweep_job(kind, args.slice, args.budget_s, out, args.job_args.split())
+        summ = sw["summary"]
+        n_sweep = summ["benched"]
+        se = run_serial(sw["rows"], args.serial_s, out, kind)
+        n_serial = len(se["points"])
+        r_sweep = n_sweep / sw["wall_s"] * 3600
+        r_serial = n_serial / se["wall_s"] * 3600 if n_serial else 0.0
+        ts = summ["time_s"]
+        own = sw["wall_s"] - ts["startup"] - ts["worker"] - ts["compile_wait"]
+        busy = ts["timed_kernels"] / sw["wall_s"]
+        ser_compile = sum(p.get("compile_s", 0) for p in se["points"])
+        tot["sweep_n"] += n_sweep
+        tot["sweep_s"] += sw["wall_s"]
+        tot["serial_n"] += n_serial
+        tot["serial_s"] += se["wall_s"]
+        line = {"kind": kind, "sweep_points": n_sweep, "sweep_wall_s": round(sw["wall_s"], 1),
+                "sweep_points_per_h": round(r_sweep), "serial_points": n_serial,
+                "serial_wall_s": round(se["wall_s"], 1), "serial_points_per_h": round(r_serial),
+                "ratio": round(r_sweep / r_serial, 2) if r_serial else None,
+                "gpu_timed_fraction": round(busy, 3), "startup_s": ts["startup"],
+                "worker_s": ts["worker"], "compile_wait_s": ts["compile_wait"],
+                "harness_own_s": round(own, 2), "compiled_ahead": summ["compiled_ahead"],
+                "compile_workers": summ["compile_workers"], "remeasured": summ["remeasured"],
+                "serial_compile_fraction": round(ser_compile / se["wall_s"], 3),
+                "sweep_ok": summ["ok"], "statuses": summ["statuses"]}
+        lines.append(line)
+        print(f"{kind:12} {n_sweep:9d} {sw['wall_s']:8.1f} {r_sweep:10.0f} {n_serial:10d} "
+              f"{se['wall_s']:8.1f} {r_serial:10.0f} {line['ratio'] or 0:6.2f} {busy:21.1%} "
+              f"{ts['startup']:>9.1f}/{ts['worker']:.1f}/{ts['compile_wait']:.1f}/{own:.1f}",
+              flush=True)
+        print(f"{'':12} sweep: {summ['ok']} ok, statuses {summ['statuses']}, compiled ahead "
+              f"{summ['compiled_ahead']} by {summ['compile_workers']} processes, re-measured "
+              f"{summ['remeasured']}; serial loop: {ser_compile / se['wall_s']:.0%} of its wall "
+              "time compiling", flush=True)
+    r_sweep = tot["sweep_n"] / tot["sweep_s"] * 3600
+    r_serial = tot["serial_n"] / tot["serial_s"] * 3600 if tot["serial_n"] else 0.0
+    ratio = r_sweep / r_serial if r_serial else float("nan")
+    print(f"{'all':12} {tot['sweep_n']:9d} {tot['sweep_s']:8.1f} {r_sweep:10.0f} "
+          f"{tot['serial_n']:10d} {tot['serial_s']:8.1f} {r_serial:10.0f} {ratio:6.2f}")
+    ratios = [ln["ratio"] for ln in lines if ln["ratio"]]
+    if ratios:
+        print(f"sweep / serial points per GPU-hour: {ratio:.2f}x over all kinds "
+              f"(per kind median {statistics.median(ratios):.2f}x, min {min(ratios):.2f}x)")
+    (out / "throughput.json").write_text(json.dumps({"kinds": lines, "ratio_all": ratio}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
