@@ -328,6 +328,22 @@ def test_learned_generalizes_to_held_out_shapes(tmp_path: Path) -> None:
     assert learned.spearman_median > rnd.spearman_median + 0.4
 
 
+def test_learned_rel_ranks_held_out_shapes_and_keeps_a_microsecond_scale(tmp_path: Path) -> None:
+    ms = [32, 64, 128, 256, 512, 1024, 2048]
+    rows = _stored(_db(tmp_path, _synthetic(H200, ms)))
+    (block,) = evaluate(rows, [LearnedPrior(relative=True), RandomPrior()])
+    rel, rnd = block.evals
+    assert rel.prior == "learned_rel"
+    assert rel.spearman_median >= 0.8, rel.summary()
+    assert rel.spearman_median > rnd.spearman_median + 0.4
+    # scores are back in µs: within a decade of the measured times on held-out shapes
+    prior = LearnedPrior(relative=True)
+    prior.fit([r for r in rows if r["shape_id"] != rows[0]["shape_id"]])
+    held = [r for r in rows if r["shape_id"] == rows[0]["shape_id"]]
+    ratios = sorted(s / r["value_us"] for s, r in zip(prior.score(held), held, strict=True))
+    assert 0.1 < ratios[len(ratios) // 2] < 10, ratios
+
+
 def test_learned_card_out_transfers_across_cards(tmp_path: Path) -> None:
     rows = _synthetic(H200, [64, 256, 1024], per_shape=30) + _synthetic(L40S, [64, 256, 1024],
                                                                       per_shape=30, seed=1)

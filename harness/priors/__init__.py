@@ -168,15 +168,16 @@ def _load_builtins() -> None:
         "roofline": lambda ctx: roofline.RooflinePrior(),
     }
 
-    def learned(compile_facts: bool) -> Factory:
+    def learned(compile_facts: bool, relative: bool = False) -> Factory:
         def factory(ctx: PriorContext) -> Prior:
             from harness.priors.learned import LearnedPrior
 
-            return LearnedPrior(seed=ctx.seed, compile_facts=compile_facts)
+            return LearnedPrior(seed=ctx.seed, compile_facts=compile_facts, relative=relative)
 
         return factory
 
     builtins["learned"] = learned(False)
     builtins["learned_c"] = learned(True)
+    builtins["learned_rel"] = learned(False, relative=True)
     for name, factory in builtins.items():
         _REGISTRY.setdefault(name, factory)  # a user's earlier registration wins

@@ -41,12 +41,19 @@ class LearnedPrior:
     learns = True
     unit = "us"
 
-    def __init__(self, seed: int = 0, compile_facts: bool = False, max_iter: int = 200) -> None:
+    def __init__(self, seed: int = 0, compile_facts: bool = False, max_iter: int = 200,
+                 relative: bool = False) -> None:
         self.seed = seed
         self.compile_facts = compile_facts
         self.max_iter = max_iter
+        # relative: learn each configuration's time relative to its shape's mean (log), so the
+        # trees spend themselves on what ranks configurations, not on how big a shape is
+        self.relative = relative
+        self._bias = 0.0
         if compile_facts:
             self.name = "learned_c"
+        if relative:
+            self.name += "_rel"
         self._model: Any = None
         self._columns: list[str] = []
         self._categories: dict[str, dict[str, int]] = {}
@@ -106,6 +113,18 @@ class LearnedPrior:
             return
         raws = [self._raw(r) for r in rows]
         target = [math.log(r["value_us"]) for r in rows]
+        if self.relative:
+            groups: dict[Any, list[int]] = {}
+            for i, r in enumerate(rows):
+                groups.setdefault(_shape_key(r), []).append(i)
+            offsets = []
+            for idx in groups.values():
+                center = sum(target[i] for i in idx) / len(idx)
+                roof = sum(raws[i]["R_log_time"] for i in idx) / len(idx)
+                offsets.append(center - roof)
+                for i in idx:
+                    target[i] -= center
+            self._bias = sum(offsets) / len(offsets)
         self._fallback = sorted(target)[len(target) // 2]
         strings: dict[str, set[str]] = {}
         numeric: set[str] = set()
@@ -144,6 +163,19 @@ class LearnedPrior:
             return []
         if self._model is None:
             return [math.exp(self._fallback)] * len(rows)
+        raws = [self._raw(r) for r in rows]
         with _threads(self._n_train):
-            pred = self._model.predict(self._matrix([self._raw(r) for r in rows]))
-        return [math.exp(float(p)) for p in pred]
+            pred = [float(p) for p in self._model.predict(self._matrix(raws))]
+        if self.relative:  # back to µs: the shape's roofline level plus the learned offset
+            groups: dict[Any, list[int]] = {}
+            for i, r in enumerate(rows):
+                groups.setdefault(_shape_key(r), []).append(i)
+            for idx in groups.values():
+                level = sum(raws[i]["R_log_time"] for i in idx) / len(idx) + self._bias
+                for i in idx:
+                    pred[i] += level
+        return [math.exp(p) for p in pred]
+
+
+def _shape_key(row: Row) -> Any:
+    return (row.get("gpu"), row.get("regime"), row.get("shape_id"))
