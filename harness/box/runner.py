@@ -332,6 +332,9 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
             state = gpu_state.read() if gpu_state else {}
             cut = False
             for p in batch:
+                if left_s() <= 0:  # no point starts once the allotment is spent
+                    cut = True
+                    break
                 req: dict[str, Any] = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
                 if compile_pool is not None:
                     tw = clock()
@@ -341,10 +344,10 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                     if ans is not None and "error" not in ans:
                         req["compiled_ahead"] = ans
                         times["compiled_ahead"] += 1
-                bound = min(cfg.point_timeout_s, left_s() + BUDGET_GRACE_S)
-                if bound <= 0:
+                if left_s() <= 0:  # the allotment ran out while its compile was awaited
                     cut = True
                     break
+                bound = min(cfg.point_timeout_s, left_s() + BUDGET_GRACE_S)
                 tw = clock()
                 res = worker.bench(req, bound)
                 times["worker"] += clock() - tw
