@@ -290,6 +290,7 @@ def _report_options(config: pytest.Config, checked: dict[str, Any], db_path: Pat
             "shares": dict(checked["shares"]), "max_dist": o.max_dist, "tail_cap": o.tail_cap,
             "batch": o.batch, "seed": o.seed, "filter": o.filter, "keyword": o.keyword or None,
             "timeout_s": o.timeout_s, "point_timeout_s": o.point_timeout_s,
+            "compile_workers": o.compile_workers, "max_cv": o.max_cv, "remeasure": o.remeasure,
             "no_merge": o.no_merge, "remote": o.remote, "provider": o.provider,
             "numprocesses": getattr(o, "numprocesses", None)}
 
