@@ -6,7 +6,7 @@
 The first form runs one real job (``python -m harness.box run``, a cold Triton cache each, so
 compiles are as slow as they get) per allotment and prints, for each, the allotment, the job's
 wall time seen from outside (process start to exit) and the overshoot.  The second reads the
-summary files a sweep left on the box (``<box-dir>/runs/RUN/summary/*.json``) and prints the
+summary files a sweep left on the box (``<box-dir>/summary/RUN/*.json``) and prints the
 same from each job's own clock, which starts at its process's start.
 """
 

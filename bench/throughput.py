@@ -15,6 +15,13 @@ It prints, per kind and over all: both rates and their ratio; the fraction of th
 time the GPU spent in timed kernels (candidate and reference calls of the kept samples); and
 where the rest went (start-up, bench worker, waiting for compiles, the harness's own work).
 The rows (``DIR/rows-KIND.jsonl``) feed ``bench/reproducibility.py``.
+
+    python bench/throughput.py --from-sweep BOX_DIR [--serial-s 60] [--out DIR]
+
+takes the sweep side from a collection run that already happened on this box (its jobs'
+summaries and rows under ``<box-dir>/summary/RUN`` and ``<box-dir>/rows/RUN``: points benched over the jobs' own wall time,
+start-up included; a box folder that holds one run) and runs only the serial loop, over points drawn at random from that run's
+rows, so both sides cover the same mix of kinds.
 """
 
 from __future__ import annotations
@@ -108,6 +115,51 @@ def serial_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def from_sweep(run_dir: Path, serial_s: float, out: Path) -> int:
+    import random
+
+    out.mkdir(parents=True, exist_ok=True)
+    sums = []
+    for f in sorted(run_dir.rglob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and "benched" in d and "time_s" in d:
+            sums.append(d)
+    rows = [json.loads(line) for f in sorted(run_dir.rglob("*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("regime") == "deployable"]
+    if not sums or not rows:
+        raise SystemExit(f"no job summaries or deployable rows under {run_dir}")
+    n_sweep = sum(d["benched"] for d in sums)
+    wall = sum(d["elapsed_s"] for d in sums)
+    ts = {k: sum(d["time_s"][k] for d in sums) for k in sums[0]["time_s"]}
+    random.Random(0).shuffle(rows)
+    sample = out / "serial-sample.jsonl"
+    sample.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    se = run_serial(sample, serial_s, out, "mixed")
+    n_serial = len(se["points"])
+    r_sweep, r_serial = n_sweep / wall * 3600, n_serial / se["wall_s"] * 3600
+    ser_compile = sum(p.get("compile_s", 0) for p in se["points"])
+    own = wall - ts["startup"] - ts["worker"] - ts["compile_wait"]
+    kinds = sorted({r["kind"] for r in rows})
+    print(f"sweep: {len(sums)} jobs over {', '.join(kinds)}: {n_sweep} points in {wall:.0f}s of "
+          f"job wall time -> {r_sweep:.0f} points per GPU-hour")
+    print(f"serial compile+do_bench loop over {n_serial} of the same points (random order, cold "
+          f"cache): {se['wall_s']:.0f}s -> {r_serial:.0f} points per GPU-hour "
+          f"({ser_compile / se['wall_s']:.0%} of it compiling)")
+    print(f"ratio sweep/serial: {r_sweep / r_serial:.2f}x")
+    print(f"sweep wall time: GPU in timed kernels {ts['timed_kernels'] / wall:.1%}; start-up "
+          f"{ts['startup'] / wall:.1%}, bench worker {ts['worker'] / wall:.1%}, waiting for "
+          f"compiles {ts['compile_wait'] / wall:.1%}, the harness's own work {own / wall:.1%}")
+    (out / "throughput.json").write_text(json.dumps(
+        {"sweep_points": n_sweep, "sweep_wall_s": wall, "serial_points": n_serial,
+         "serial_wall_s": se["wall_s"], "ratio": r_sweep / r_serial, "time_s": ts,
+         "serial_compile_s": ser_compile}, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
@@ -121,9 +173,13 @@ def main() -> int:
     ap.add_argument("--serial-s", type=float, default=30.0)
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--job-args", default="", help="more arguments for the sweep job")
+    ap.add_argument("--from-sweep", default=None, metavar="BOX_DIR",
+                    help="take the sweep side from this finished run's summaries and rows")
     args = ap.parse_args()
     if args.cmd == "_serial":
         return serial_main(args)
+    if args.from_sweep:
+        return from_sweep(Path(args.from_sweep), args.serial_s, Path(args.out))
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
