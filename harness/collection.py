@@ -291,7 +291,9 @@ class Collection:
             return res
         if job not in box.plan.order:
             res.skipped = (f"no {job.kind} points left to measure in the {job.slice} slice on "
-                           f"{box.card.name}" + (" (no anchors here)" if job.slice != "tail" else ""))
+                           f"{box.card.name}" + {"own": " (no anchors of this card)",
+                                                 "cross": " (no other card's anchors realize "
+                                                          "here)"}.get(job.slice, ""))
             flt = self.option("filter")
             if flt and not any(box.pool["total"].get(s, {}).get(job.kind) for s in SLICES):
                 res.skipped = f"--filter={flt!r} keeps no {job.kind} shape"

@@ -36,6 +36,9 @@ class Bencher:
         self.seed = seed
         self.max_cv = max_cv  # a point whose timed calls vary more than this is timed again
         self.remeasure = remeasure  # ... at most this many more times
+        self._cycles_us: float | None = None
+        self._host_us: list[float] = []
+        self.guard_us = 0.0
         self._shape_key: str | None = None
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
@@ -102,7 +105,7 @@ class Bencher:
             res["bench_s"] = round(time.perf_counter() - t1, 4)
             res.update(status="ok", value_us=statistics.median(cand), ref_us=statistics.median(ref),
                        variance=statistics.variance(cand) if len(cand) > 1 else 0.0,
-                       n_samples=len(cand), cv=round(cv, 5))
+                       n_samples=len(cand), cv=round(cv, 5), guard_us=round(self.guard_us, 1))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
             res.update(_classify(exc))
         return res
@@ -113,11 +116,58 @@ class Bencher:
 
             torch.cuda.synchronize()
 
+    # -- the launch-gap guard ---------------------------------------------------------------
+    # A timed call is recorded between two CUDA events.  When the GPU finishes the L2 flush
+    # before Python has launched the kernel (a few µs of kernel, tens of µs of launch), the
+    # start event fires early and the launch latency is timed too: small kernels then read
+    # slower than they are, by an amount that varies with the CPU's load.  So the GPU is kept
+    # busy (``torch.cuda._sleep``) for a few times the host's launch time before each start
+    # event: by the time the event fires, the kernel is already queued behind it.
+    def _cycles_per_us(self) -> float:
+        if self._cycles_us is None:
+            import torch
+
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1000)
+            a.record()
+            torch.cuda._sleep(2_000_000)
+            b.record()
+            torch.cuda.synchronize()
+            self._cycles_us = 2_000_000 / max(a.elapsed_time(b) * 1e3, 1e-3)
+        return self._cycles_us
+
+    def _guard_cycles(self, cand: Callable[[], Any], ref: Callable[[], Any]) -> int:
+        """Cycles of GPU busy-wait before each timed call: 3x the slower host launch, within
+        [50 µs, 1 ms]; 0 where ``torch.cuda._sleep`` is missing."""
+        self.guard_us = 0.0
+        if not self._host_us:
+            return 0
+        try:
+            per_us = self._cycles_per_us()
+        except (AttributeError, RuntimeError):
+            return 0
+        self.guard_us = min(1000.0, max(50.0, 3 * max(self._host_us)))
+        return int(self.guard_us * per_us)
+
+    def _busy(self, cycles: int) -> None:
+        if cycles:
+            import torch
+
+            torch.cuda._sleep(cycles)
+
     def _time_ab(self, cand: Callable[[], Any], ref: Callable[[], Any]) -> tuple[list[float], list[float]]:
         """Candidate and reference interleaved, L2 flushed before each timed call (µs)."""
+        host_c, host_r = [], []
         for _ in range(self.warmup):
+            t = time.perf_counter()
             cand()
+            host_c.append((time.perf_counter() - t) * 1e6)
+            t = time.perf_counter()
             ref()
+            host_r.append((time.perf_counter() - t) * 1e6)
+        # the host's time to launch each call (its median over the warm-up)
+        self._host_us = ([statistics.median(host_c), statistics.median(host_r)]
+                         if host_c else [])
         if self.device == "cpu":
             c_us, r_us = [], []
             for _ in range(self.iters):
@@ -131,14 +181,17 @@ class Bencher:
         import torch
 
         flush = self._flush_buffer()
+        guard = self._guard_cycles(cand, ref)
         ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(self.iters)]
         torch.cuda.synchronize()
         for e in ev:
             flush.zero_()
+            self._busy(guard)
             e[0].record()
             cand()
             e[1].record()
             flush.zero_()
+            self._busy(guard)
             e[2].record()
             ref()
             e[3].record()

@@ -64,6 +64,11 @@ class Worker:
         log.close()
         return self.proc
 
+    def start(self) -> None:
+        """Start the worker now rather than at the first point."""
+        if not (self.proc and self.proc.poll() is None):
+            self._start()
+
     def bench(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         proc = self.proc if self.proc and self.proc.poll() is None else self._start()
         assert proc.stdin and proc.stdout
@@ -216,6 +221,7 @@ def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card
                        "cv": res.get("cv"), "remeasured": res.get("remeasured"),
                        "compiled_ahead": bool(res.get("compiled_ahead")),
                        "first_launch_s": res.get("first_launch_s"),
+                       "guard_us": res.get("guard_us"),
                        "sm_mhz": [before.get("sm_mhz"), after.get("sm_mhz")],
                        "temp_c": [before.get("temp_c"), after.get("temp_c")]},
     }
@@ -283,6 +289,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
     worker = Worker(regime, warmup, iters, cfg.seed, cfg.rows_path.parent / "worker.log",
                     max_cv=cfg.max_cv, remeasure=cfg.remeasure)
+    if todo:  # its start-up (torch, CUDA) overlaps the pool's first compiles
+        worker.start()
     gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None
     counts: Counter[str] = Counter()
     times: Counter[str] = Counter()
