@@ -279,3 +279,40 @@ def test_small_kernels_time_without_the_launch_gap(capsys: pytest.CaptureFixture
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     assert statistics.median(ratios) < 1.15, lines
+
+
+CACHE_SCRIPT = """
+import json
+from harness import kinds as registry
+from harness.box.bench import Bencher
+from harness.cards import INTERPRETER
+b = Bencher("cpu", 1, 3, remeasure=0)
+shapes = [{"M": 16, "N": 16, "dtype": "fp32"}, {"M": 16, "N": 32, "dtype": "fp32"}]
+statuses = []
+for i in range(6):  # back and forth between two shapes
+    shape = shapes[i % 2]
+    knobs = registry.get("softmax").enumerate(shape, INTERPRETER)[i // 2]
+    statuses.append(b.measure({"kind": "softmax", "shape": shape, "knobs": knobs})["status"])
+# a kernel that writes nothing must not pass on the last point's output
+kind = registry.get("softmax")
+orig = kind.prepare
+def lazy(knobs, shape, inputs):
+    launch = orig(knobs, shape, inputs)
+    launch.run = lambda: None
+    return launch
+kind.prepare = lazy
+stale = b.measure({"kind": "softmax", "shape": shapes[1], "knobs": knobs})
+print(json.dumps({"made": b.inputs_made, "statuses": statuses, "stale": stale}))
+"""
+
+
+def test_inputs_are_kept_across_shapes_and_a_stale_output_never_passes() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", CACHE_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["statuses"] == ["ok"] * 6
+    assert res["made"] == 2  # each shape's inputs made once, not once per switch
+    assert res["stale"]["status"] == "bench_fail", res["stale"]
+    assert "non-finite" in res["stale"]["error"]
