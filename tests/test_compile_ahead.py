@@ -159,6 +159,16 @@ def test_a_hung_or_broken_compile_is_left_to_the_worker_and_close_is_prompt() ->
     assert time.monotonic() - t < 15, "close waited for a hung compile"
 
 
+def _in_the_interpreter(script: str) -> Any:
+    """Run ``script`` in a process of its own (the interpreter must be chosen before Triton is
+    imported) and return the JSON it prints last."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 NOISE_SCRIPT = """
 import json, sys
 from harness import kinds as registry
@@ -174,12 +184,7 @@ print(json.dumps(out))
 
 
 def test_noisy_points_are_timed_again_and_rows_keep_cv_and_samples() -> None:
-    # the interpreter must be chosen before Triton is imported: a process of its own
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", NOISE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = _in_the_interpreter(NOISE_SCRIPT)
     strict, lax, none = res["strict"], res["lax"], res["none"]
     assert strict["status"] == "ok", strict
     assert strict["remeasured"] == 2  # CPU timings always vary more than 1e-9
@@ -307,11 +312,7 @@ print(json.dumps({"made": b.inputs_made, "statuses": statuses, "stale": stale}))
 
 
 def test_inputs_are_kept_across_shapes_and_a_stale_output_never_passes() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", CACHE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = _in_the_interpreter(CACHE_SCRIPT)
     assert res["statuses"] == ["ok"] * 6
     assert res["made"] == 2  # each shape's inputs made once, not once per switch
     assert res["stale"]["status"] == "bench_fail", res["stale"]
