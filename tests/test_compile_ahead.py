@@ -35,6 +35,10 @@ def slow_compile(kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> dic
     return {"compile_s": 60.0}
 
 
+def dying_compile(kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    os.abort()  # a compiler that takes its process down
+
+
 def failing_compile(kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
     raise RuntimeError("compiler broke")
 
@@ -181,6 +185,56 @@ out = {name: Bencher("cpu", 1, 5, max_cv=cv, remeasure=n).measure(req)
        for name, cv, n in (("strict", 1e-9, 2), ("lax", 1e9, 2), ("none", 1e-9, 0))}
 print(json.dumps(out))
 """
+
+
+def test_a_pool_process_that_dies_turns_compile_ahead_off_without_ending_the_job() -> None:
+    pool = CompilePool(1, compile_fn=dying_compile)
+    try:
+        pool.submit("a", "softmax", {}, {})
+        assert pool.wait("a", 60) is None  # the worker compiles it
+        pool.submit("b", "softmax", {}, {})  # the pool is broken: no raise, nothing queued
+        assert pool.broken and "BrokenProcessPool" in pool.broken
+        assert pool.wait("b", 1) is None
+    finally:
+        pool.close()
+
+
+class HangingWorker:
+    """Our seam: a bench worker whose every point hangs until its bound."""
+
+    restarts = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.bounds: list[float] = []
+
+    def start(self) -> None:
+        pass
+
+    def bench(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.bounds.append(timeout_s)
+        time.sleep(timeout_s)
+        return {"status": "timeout", "error": f"bench worker exceeded {timeout_s:.0f}s"}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_point_that_hangs_into_the_end_of_the_budget_is_a_timeout_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut by the budget after running the whole grace, it counts as an attempt, so a kernel
+    that hangs is retired even in jobs shorter than its own bound."""
+    monkeypatch.setattr(runner, "BUDGET_GRACE_S", 1.0)
+    monkeypatch.setattr(runner, "Worker", HangingWorker)
+    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=0.5, tail_cap=12,
+                           kind="rms_norm", point_timeout_s=300.0),
+                      log=open(os.devnull, "w"), compile_pool=RecordingPool(),  # noqa: SIM115
+                      clock=lambda: time.monotonic())
+    rows = _rows(tmp_path / "rows.jsonl")
+    assert [r["status"] for r in rows] == ["timeout"], rows
+    assert "allotment ran out" in rows[0]["error"]
+    assert summary["stop"] == "budget spent" and summary["benched"] == 1
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert rows[0]["point_key"] in json.dumps(ledger)
 
 
 def test_noisy_points_are_timed_again_and_rows_keep_cv_and_samples() -> None:

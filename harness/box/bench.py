@@ -155,16 +155,16 @@ class Bencher:
     # busy (``torch.cuda._sleep``) for a few times the host's launch time before each start
     # event: by the time the event fires, the kernel is already queued behind it.
     def _cycles_per_us(self) -> float:
-        if self._cycles_us is None:
-            import torch
+        """SM cycles per µs now (about 1 ms; again for each timing, as the clock moves)."""
+        import torch
 
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(1000)
-            a.record()
-            torch.cuda._sleep(2_000_000)
-            b.record()
-            torch.cuda.synchronize()
-            self._cycles_us = 2_000_000 / max(a.elapsed_time(b) * 1e3, 1e-3)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        a.record()
+        torch.cuda._sleep(2_000_000)
+        b.record()
+        torch.cuda.synchronize()
+        self._cycles_us = 2_000_000 / max(a.elapsed_time(b) * 1e3, 1e-3)
         return self._cycles_us
 
     def _guard_cycles(self, cand: Callable[[], Any], ref: Callable[[], Any]) -> int:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 # A compile answer: {"compile_s": float} or {"compile_s": float, "error": "..."}
@@ -25,8 +26,12 @@ CompileFn = Callable[[str, dict[str, Any], dict[str, Any]], dict[str, Any]]
 
 
 def default_workers() -> int:
-    """CPU cores left after the sweep's own process and its bench worker (at most 16)."""
-    return max(1, min(16, (os.cpu_count() or 2) - 2))
+    """CPU cores this process may use, less the sweep's own and its bench worker's (at most 16)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 2
+    return max(1, min(16, cores - 2))
 
 
 @contextlib.contextmanager
@@ -98,11 +103,19 @@ class CompilePool:
         self._fn = compile_fn
         self._futures: dict[str, Future[dict[str, Any]]] = {}
         self.submitted = 0
+        self.broken: str | None = None
 
     def submit(self, key: str, kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> None:
-        if key not in self._futures:
+        """Queue a point; once a pool process has died (a compiler crash, the OOM killer) the
+        pool is broken and compile-ahead is off for the rest of the job: the worker compiles."""
+        if key in self._futures or self.broken:
+            return
+        try:
             self._futures[key] = self._pool.submit(self._fn, kind, dict(shape), dict(knobs))
-            self.submitted += 1
+        except (BrokenProcessPool, RuntimeError) as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            return
+        self.submitted += 1
 
     def wait(self, key: str, timeout_s: float) -> dict[str, Any] | None:
         """The point's compile answer, or None when it was never submitted, is not done within

@@ -53,7 +53,10 @@ def probe() -> dict[str, Any]:
             smem_per_sm=getattr(props, "shared_memory_per_multiprocessor", None),
             l2_bytes=getattr(props, "L2_cache_size", None),
             mem_bytes=props.total_memory,
-            gpu_uuid=(smi[1] if len(smi) > 1 else str(getattr(props, "uuid", ""))) or None,
+            # nvidia-smi -i 0 is the first GPU of the machine, CUDA's device 0 only when
+            # CUDA_VISIBLE_DEVICES leaves it so
+            gpu_uuid=((smi[1] if len(smi) > 1 else None)
+                      if not os.environ.get("CUDA_VISIBLE_DEVICES") else None) or _uuid(props),
         )
     else:
         name = os.environ.get(CARD_NAME_ENV) or INTERPRETER.name
@@ -61,6 +64,16 @@ def probe() -> dict[str, Any]:
                     cc=list(INTERPRETER.cc), sm_count=os.cpu_count() or 1, smem_optin=None,
                     smem_per_sm=None, l2_bytes=None, mem_bytes=None, gpu_uuid=None)
     return info
+
+
+def _uuid(props: Any) -> str | None:
+    """The UUID of CUDA's device 0 as NVML and nvidia-smi write it (``GPU-…``); unlike
+    ``nvidia-smi -i 0`` this follows ``CUDA_VISIBLE_DEVICES``."""
+    raw = getattr(props, "uuid", None)
+    if not raw:
+        return None
+    text = str(raw)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
 
 
 def card_from_probe(info: dict[str, Any]) -> Card:

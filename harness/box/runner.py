@@ -91,7 +91,11 @@ class Worker:
         return res
 
     def _lost(self, what: str) -> dict[str, Any]:
-        rc = self.proc.wait(timeout=10) if self.proc else None
+        try:
+            rc = self.proc.wait(timeout=10) if self.proc else None
+        except subprocess.TimeoutExpired:  # still tearing down its CUDA context
+            self.proc.kill()  # type: ignore[union-attr]
+            rc = None
         self.proc = None
         self.restarts += 1
         return {"status": "crash", "error": f"{what} (exit {rc}); see {self.log_path.name}: "
@@ -100,7 +104,10 @@ class Worker:
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(timeout=10)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass  # SIGKILLed; the OS reaps it
         if self.proc:
             self.restarts += 1
         self.proc = None
@@ -360,11 +367,16 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                 res = worker.bench(req, bound)
                 times["worker"] += clock() - tw
                 if res["status"] == "timeout" and bound < cfg.point_timeout_s:
-                    # cut by the budget, not by its own bound: no row, measured next run
-                    print(f"[sweep] {p.key}: cut at the end of the budget; measured next run",
-                          file=log, flush=True)
+                    # cut by the budget, not by its own bound.  Cut before it ran the grace, it
+                    # leaves no row and is measured next run; one that ran longer (a kernel
+                    # that hangs) is a timeout row, so it is retired after its attempts
                     cut = True
-                    break
+                    if bound < BUDGET_GRACE_S:
+                        print(f"[sweep] {p.key}: cut at the end of the budget; measured next "
+                              "run", file=log, flush=True)
+                        break
+                    res["error"] = (f"no answer in {bound:.0f}s, when the job's allotment ran "
+                                    f"out (its own bound is {cfg.point_timeout_s:.0f}s)")
                 res["compiled_ahead"] = "compiled_ahead" in req
                 after = gpu_state.read() if gpu_state else {}
                 row = make_row(p, res, info, card_feats, shape_feats, cfg, (state, after))
@@ -379,6 +391,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                     times["timed_kernels"] += (res.get("n_samples") or 0) * (
                         (res.get("value_us") or 0) + (res.get("ref_us") or 0)) * 1e-6
                     times["remeasured"] += res.get("remeasured") or 0
+                if cut:
+                    break
             in_flight.difference_update(p.key for p in batch)
             rows_file.sync()
             _save_ledger(ledger, cfg.ledger_path)
@@ -420,6 +434,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                "over_budget_s": round(elapsed - cfg.budget_s, 2) if cfg.budget_s else None,
                "worker_restarts": worker.restarts,
                "compile_workers": n_compile,
+               "compile_pool_broken": getattr(compile_pool, "broken", None),
                "compiled_ahead": int(times["compiled_ahead"]),
                "remeasured": int(times["remeasured"]),
                "time_s": {"startup": round(times["startup"], 2),
