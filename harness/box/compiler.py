@@ -4,8 +4,8 @@ Each pool process configures a point's kernel exactly as the bench worker will (
 code, same shape, same knobs) but on storage-free ``meta`` tensors, and asks Triton to compile
 it without launching (``warmup=True``).  The compiled kernel lands in Triton's on-disk cache,
 which the pool and the bench worker share (the same ``TRITON_CACHE_DIR``), so the worker's first
-launch of that point only loads it.  Nothing here runs on the GPU, and nothing here decides a
-point's status: a compile that fails, hangs or is not done in time is simply compiled again by
+launch of that point only loads it.  Nothing here launches on the GPU (Triton does start the
+CUDA runtime to learn the target), and nothing here decides a point's status: a compile that fails, hangs or is not done in time is simply compiled again by
 the worker, which classifies the failure as it always does.
 """
 
