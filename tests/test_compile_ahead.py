@@ -237,6 +237,22 @@ def test_a_point_that_hangs_into_the_end_of_the_budget_is_a_timeout_row(
     assert rows[0]["point_key"] in json.dumps(ledger)
 
 
+def test_a_point_bound_covers_the_wait_for_its_compile_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile that never comes uses up the point's bound: a timeout row, no worker call."""
+    worker = HangingWorker()
+    monkeypatch.setattr(runner, "Worker", lambda *a, **k: worker)
+    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=3.0, tail_cap=12,
+                           kind="rms_norm", point_timeout_s=1.0),
+                      log=open(os.devnull, "w"), compile_pool=RecordingPool(wait_s=30.0),  # noqa: SIM115
+                      clock=lambda: time.monotonic())
+    rows = _rows(tmp_path / "rows.jsonl")
+    assert rows and all(r["status"] == "timeout" for r in rows), rows
+    assert all("its compile did not finish in 1s" in r["error"] for r in rows)
+    assert worker.bounds == []  # the worker was never given a point with no time left
+    assert summary["stop"] == "budget spent"
+
+
 def test_noisy_points_are_timed_again_and_rows_keep_cv_and_samples() -> None:
     res = _in_the_interpreter(NOISE_SCRIPT)
     strict, lax, none = res["strict"], res["lax"], res["none"]

@@ -351,22 +351,31 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                     cut = True
                     break
                 req: dict[str, Any] = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
+                waited = 0.0
                 if compile_pool is not None:
                     tw = clock()
                     ans = compile_pool.wait(p.key, min(cfg.point_timeout_s,
                                                        left_s() + BUDGET_GRACE_S))
-                    times["compile_wait"] += clock() - tw
+                    waited = clock() - tw
+                    times["compile_wait"] += waited
                     if ans is not None and "error" not in ans:
                         req["compiled_ahead"] = ans
                         times["compiled_ahead"] += 1
                 if left_s() <= 0:  # the allotment ran out while its compile was awaited
                     cut = True
                     break
-                bound = min(cfg.point_timeout_s, left_s() + BUDGET_GRACE_S)
-                tw = clock()
-                res = worker.bench(req, bound)
-                times["worker"] += clock() - tw
-                if res["status"] == "timeout" and bound < cfg.point_timeout_s:
+                # the point's own bound covers the wait for its compile and the worker's call
+                own_left = cfg.point_timeout_s - waited
+                if own_left <= 0:
+                    res = {"status": "timeout", "error": f"its compile did not finish in "
+                           f"{waited:.0f}s (--point-timeout-s)"}
+                    bound = own_left
+                else:
+                    bound = min(own_left, left_s() + BUDGET_GRACE_S)
+                    tw = clock()
+                    res = worker.bench(req, bound)
+                    times["worker"] += clock() - tw
+                if res["status"] == "timeout" and 0 < bound < own_left:
                     # cut by the budget, not by its own bound.  Cut before it ran the grace, it
                     # leaves no row and is measured next run; one that ran longer (a kernel
                     # that hangs) is a timeout row, so it is retired after its attempts
