@@ -221,11 +221,12 @@ class HangingWorker:
 
 def test_a_point_that_hangs_into_the_end_of_the_budget_is_a_timeout_row(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cut by the budget after running the whole grace, it counts as an attempt, so a kernel
+    """Cut by the budget after running the whole grace (the job's start-up takes part of the
+    4 s, so the first point starts inside it), it counts as an attempt, so a kernel
     that hangs is retired even in jobs shorter than its own bound."""
     monkeypatch.setattr(runner, "BUDGET_GRACE_S", 1.0)
     monkeypatch.setattr(runner, "Worker", HangingWorker)
-    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=0.5, tail_cap=12,
+    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=4.0, tail_cap=12,
                            kind="rms_norm", point_timeout_s=300.0),
                       log=open(os.devnull, "w"), compile_pool=RecordingPool(),  # noqa: SIM115
                       clock=lambda: time.monotonic())

@@ -256,8 +256,10 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
 
     The coming batches are drawn ahead and compile in a process pool (``compiler.CompilePool``)
     while the bench worker measures the current one.  Each point's bound is the smaller of
-    ``point_timeout_s`` and what is left of the budget plus ``BUDGET_GRACE_S``; a point cut by
-    the budget writes no row and is measured next run.  When its rows file or ledger cannot be
+    ``point_timeout_s`` (compile wait and worker call together) and what is left of the budget
+    plus ``BUDGET_GRACE_S``.  A point the worker was running at that bound is a ``timeout`` row
+    (an attempt); one still waiting for its compile when the budget ran out has no row and is
+    measured next run.  When its rows file or ledger cannot be
     written (a full disk), the job stops, keeps the whole rows already written, writes the
     summary with an ``error`` and exits with status 1.  ``compile_pool`` is a test seam."""
     from harness import kinds as registry
@@ -376,14 +378,9 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                     res = worker.bench(req, bound)
                     times["worker"] += clock() - tw
                 if res["status"] == "timeout" and 0 < bound < own_left:
-                    # cut by the budget, not by its own bound.  Cut before it ran the grace, it
-                    # leaves no row and is measured next run; one that ran longer (a kernel
-                    # that hangs) is a timeout row, so it is retired after its attempts
+                    # cut by the budget, not by its own bound: it ran at least the grace, so it
+                    # is a timeout row (an attempt) and a kernel that hangs is retired
                     cut = True
-                    if bound < BUDGET_GRACE_S:
-                        print(f"[sweep] {p.key}: cut at the end of the budget; measured next "
-                              "run", file=log, flush=True)
-                        break
                     res["error"] = (f"no answer in {bound:.0f}s, when the job's allotment ran "
                                     f"out (its own bound is {cfg.point_timeout_s:.0f}s)")
                 res["compiled_ahead"] = "compiled_ahead" in req
