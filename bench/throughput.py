@@ -115,6 +115,36 @@ def serial_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sum_times(per_job: list[dict[str, Any]]) -> dict[str, Any]:
+    """The jobs' ``time_s`` added up: seconds by part, the worker's phases, its start-ups."""
+    ts: dict[str, Any] = {"worker_phases": {}, "worker_ready": []}
+    for t in per_job:
+        for k, v in t.items():
+            if k == "worker_phases":
+                for ph, s in v.items():
+                    ts["worker_phases"][ph] = ts["worker_phases"].get(ph, 0.0) + s
+            elif k == "worker_ready":
+                ts["worker_ready"] += v
+            else:
+                ts[k] = ts.get(k, 0.0) + v
+    return ts
+
+
+def _phase_line(ts: dict[str, Any], wall: float) -> str:
+    """Where the bench worker's time went, as fractions of the wall time."""
+    ph = ts.get("worker_phases") or {}
+    if not ph:
+        return "bench worker by phase: not recorded by this sweep"
+    parts = [f"{k.replace('_', ' ')} {v / wall:.1%}" for k, v in
+             sorted(ph.items(), key=lambda kv: -kv[1])]
+    rest = ts["worker"] - sum(ph.values())
+    ready = ts.get("worker_ready") or []
+    started = (f"; {len(ready)} worker starts, median {statistics.median(ready):.1f}s"
+               if ready else "")
+    return (f"bench worker by phase: {', '.join(parts)}; waiting for it to start and "
+            f"messages {rest / wall:.1%}{started}")
+
+
 def from_sweep(run_dir: Path, serial_s: float, out: Path) -> int:
     import random
 
@@ -134,7 +164,7 @@ def from_sweep(run_dir: Path, serial_s: float, out: Path) -> int:
         raise SystemExit(f"no job summaries or deployable rows under {run_dir}")
     n_sweep = sum(d["benched"] for d in sums)
     wall = sum(d["elapsed_s"] for d in sums)
-    ts = {k: sum(d["time_s"][k] for d in sums) for k in sums[0]["time_s"]}
+    ts = _sum_times([d["time_s"] for d in sums])
     random.Random(0).shuffle(rows)
     sample = out / "serial-sample.jsonl"
     sample.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -153,6 +183,7 @@ def from_sweep(run_dir: Path, serial_s: float, out: Path) -> int:
     print(f"sweep wall time: GPU in timed kernels {ts['timed_kernels'] / wall:.1%}; start-up "
           f"{ts['startup'] / wall:.1%}, bench worker {ts['worker'] / wall:.1%}, waiting for "
           f"compiles {ts['compile_wait'] / wall:.1%}, the harness's own work {own / wall:.1%}")
+    print(_phase_line(ts, wall))
     (out / "throughput.json").write_text(json.dumps(
         {"sweep_points": n_sweep, "sweep_wall_s": wall, "serial_points": n_serial,
          "serial_wall_s": se["wall_s"], "ratio": r_sweep / r_serial, "time_s": ts,
@@ -223,6 +254,7 @@ def main() -> int:
               f"{summ['compiled_ahead']} by {summ['compile_workers']} processes, re-measured "
               f"{summ['remeasured']}; serial loop: {ser_compile / se['wall_s']:.0%} of its wall "
               "time compiling", flush=True)
+        print(f"{'':12} {_phase_line(ts, sw['wall_s'])}", flush=True)
     r_sweep = tot["sweep_n"] / tot["sweep_s"] * 3600
     r_serial = tot["serial_n"] / tot["serial_s"] * 3600 if tot["serial_n"] else 0.0
     ratio = r_sweep / r_serial if r_serial else float("nan")

@@ -70,6 +70,13 @@ class RecordingPool:
         self.closed = True
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _torch_imported() -> None:
+    """The job's probe imports torch: done once here, so the short budgets below time the job,
+    not a cold import of torch in a loaded test process."""
+    import torch  # noqa: F401
+
+
 def _cfg(tmp_path: Path, **over: Any) -> JobConfig:
     base: dict[str, Any] = dict(slice="tail", kind="softmax", budget_s=0, batch=3, seed=3,
                                 rows_path=tmp_path / "rows.jsonl",
@@ -103,7 +110,15 @@ def test_points_are_submitted_ahead_in_measuring_order_and_rows_say_so(tmp_path:
         assert r["provenance"]["first_launch_s"] is not None
     assert summary["compiled_ahead"] == len(rows)
     assert summary["compile_workers"] == 4
-    assert set(summary["time_s"]) == {"startup", "compile_wait", "worker", "timed_kernels"}
+    ts = summary["time_s"]
+    assert set(ts) == {"startup", "compile_wait", "worker", "timed_kernels", "worker_phases",
+                       "worker_ready"}
+    # the worker's own account of its time: every phase ran, and together they fit in the
+    # time the job spent waiting on it; one worker started, once
+    assert set(ts["worker_phases"]) >= {"prepare", "first_launch", "check", "warmup", "timed"}
+    assert all(ts["worker_phases"][k] > 0 for k in ("prepare", "first_launch", "check", "timed"))
+    assert sum(ts["worker_phases"].values()) <= ts["worker"]
+    assert len(ts["worker_ready"]) == 1 and 0 < ts["worker_ready"][0] < ts["worker"] + 60
 
 
 def test_a_job_ends_within_the_grace_of_its_budget_when_compiles_hang(
@@ -118,7 +133,8 @@ def test_a_job_ends_within_the_grace_of_its_budget_when_compiles_hang(
                       clock=lambda: time.monotonic())  # this process's age is pytest's, not the job's
     took = time.monotonic() - t
     assert summary["stop"] == "budget spent"
-    assert summary["batches"] >= 1 and summary["time_s"]["compile_wait"] >= 2.0
+    # the wait that the budget cut ran at least into the grace (start-up under load varies)
+    assert summary["batches"] >= 1 and summary["time_s"]["compile_wait"] >= 0.9
     # start-up counts in the budget; the cut comes at most the grace (1 s) after it
     assert summary["over_budget_s"] <= 1.0 + 2.0, summary
     assert took < 3.0 + 1.0 + 5.0
@@ -243,7 +259,9 @@ def test_a_point_bound_covers_the_wait_for_its_compile_too(
     """A compile that never comes uses up the point's bound: a timeout row, no worker call."""
     worker = HangingWorker()
     monkeypatch.setattr(runner, "Worker", lambda *a, **k: worker)
-    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=3.0, tail_cap=12,
+    # the budget leaves room for the job's start-up (importing torch takes seconds on a cold
+    # disk) and then for a few points' bounds
+    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=8.0, tail_cap=12,
                            kind="rms_norm", point_timeout_s=1.0),
                       log=open(os.devnull, "w"), compile_pool=RecordingPool(wait_s=30.0),  # noqa: SIM115
                       clock=lambda: time.monotonic())

@@ -18,12 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from harness import kinds as registry
+from harness.box import process_age_s
 
 # Errors after which the CUDA context cannot be trusted: the worker answers and exits.
 _CONTEXT_FATAL = ("illegal memory access", "unspecified launch failure", "misaligned address",
                   "illegal instruction", "device-side assert", "CUDA error: an illegal",
                   "cudaErrorLaunchFailure", "context is destroyed")
 EXIT_CONTEXT_LOST = 3
+# the phases of one timing (``Bencher._time_ab``), in ``Bencher.phase_s``
+_TIMING_PHASES = ("warmup", "guard_calibration", "timed")
 
 
 class Bencher:
@@ -46,6 +49,20 @@ class Bencher:
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
         self._flush: Any = None
+        self.phase_s: dict[str, float] = dict.fromkeys(_TIMING_PHASES, 0.0)
+
+    def start(self) -> float:
+        """Import torch and Triton and start the CUDA context now, before the first point
+        arrives (the sweep starts its worker early, so this overlaps the first compiles);
+        returns the seconds since the process started."""
+        import torch
+        import triton  # noqa: F401
+
+        if self.device != "cpu":
+            torch.cuda.init()
+            self._flush_buffer()
+            torch.cuda.synchronize()
+        return round(process_age_s(), 3)
 
     # -- inputs -------------------------------------------------------------------------------
     # A sweep draws each batch's shape anew, so a job goes back and forth between a handful of
@@ -104,6 +121,11 @@ class Bencher:
                                "compile_s": None, "bench_s": None, "compile": {},
                                "first_launch_s": None, "cv": None, "remeasured": 0}
         ahead = req.get("compiled_ahead")
+        # where the worker's time on this point went (seconds by phase; summed by the job)
+        self.phase_s = phase = {"prepare": 0.0, "first_launch": 0.0, "check": 0.0,
+                                "warmup": 0.0, "guard_calibration": 0.0, "timed": 0.0,
+                                "remeasure": 0.0}
+        t = time.perf_counter()
         try:
             self._load_shape(req["kind"], shape)
             launch = kind.prepare(knobs, shape, self._inputs)
@@ -112,14 +134,18 @@ class Bencher:
             if launch.out.is_floating_point():
                 launch.out.fill_(float("nan"))
             t0 = time.perf_counter()
+            phase["prepare"] = t0 - t
             handle = launch.run()  # first launch compiles
             self._sync()
             res["first_launch_s"] = round(time.perf_counter() - t0, 4)
+            phase["first_launch"] = time.perf_counter() - t0
             # compiled in the pool: the first launch only loaded it from Triton's cache
             res["compile_s"] = (ahead["compile_s"] if ahead and "error" not in ahead
                                 else res["first_launch_s"])
             res["compile"] = _compile_facts(handle)
+            t = time.perf_counter()
             err = _mismatch(launch.out, self._ref, *kind.tolerance(shape.get("dtype", "fp32")))
+            phase["check"] = time.perf_counter() - t
             if err:
                 res.update(status="bench_fail", error=err)
                 return res
@@ -128,11 +154,15 @@ class Bencher:
             cv = _cv(cand)
             # noise policy: a point timed in a noisy window is timed again (bounded); the
             # quietest window's samples are kept
+            first = dict(phase)
             while cv > self.max_cv and res["remeasured"] < self.remeasure:
                 res["remeasured"] += 1
                 again = self._time_ab(launch.run, lambda: kind.reference(shape, self._inputs))
                 if _cv(again[0]) < cv:
                     (cand, ref), cv = again, _cv(again[0])
+            if res["remeasured"]:  # the timings after the first are counted as re-measuring
+                phase["remeasure"] = sum(phase[k] - first[k] for k in _TIMING_PHASES)
+                phase.update({k: first[k] for k in _TIMING_PHASES})
             res["bench_s"] = round(time.perf_counter() - t1, 4)
             res.update(status="ok", value_us=statistics.median(cand), ref_us=statistics.median(ref),
                        variance=statistics.variance(cand) if len(cand) > 1 else 0.0,
@@ -153,32 +183,37 @@ class Bencher:
     # start event fires early and the launch latency is timed too: small kernels then read
     # slower than they are, by an amount that varies with the CPU's load.  So the GPU is kept
     # busy (``torch.cuda._sleep``) for a few times the host's launch time before each start
-    # event: by the time the event fires, the kernel is already queued behind it.
+    # event: by the time the event fires, the kernel is already queued behind it.  Candidate
+    # and reference each get a guard sized for their own launch.
+    CALIBRATION_CYCLES = 200_000  # about 0.1 ms of busy-wait: the event pair resolves ~0.5 µs
+
     def _cycles_per_us(self) -> float:
-        """SM cycles per µs now (about 1 ms; again for each timing, as the clock moves)."""
+        """SM cycles per µs now (again for each timing, as the clock moves)."""
         import torch
 
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(1000)
         a.record()
-        torch.cuda._sleep(2_000_000)
+        torch.cuda._sleep(self.CALIBRATION_CYCLES)
         b.record()
         torch.cuda.synchronize()
-        self._cycles_us = 2_000_000 / max(a.elapsed_time(b) * 1e3, 1e-3)
+        self._cycles_us = self.CALIBRATION_CYCLES / max(a.elapsed_time(b) * 1e3, 1e-3)
         return self._cycles_us
 
-    def _guard_cycles(self, cand: Callable[[], Any], ref: Callable[[], Any]) -> int:
-        """Cycles of GPU busy-wait before each timed call: 3x the slower host launch, within
-        [50 µs, 1 ms]; 0 where ``torch.cuda._sleep`` is missing."""
+    def _guard_cycles(self) -> tuple[int, int]:
+        """Cycles of GPU busy-wait before the candidate's and the reference's timed calls: 3x
+        each one's host launch time, within [50 µs, 1 ms]; 0 where ``torch.cuda._sleep`` is
+        missing.  ``guard_us`` keeps the larger."""
         self.guard_us = 0.0
         if not self._host_us:
-            return 0
+            return 0, 0
         try:
             per_us = self._cycles_per_us()
         except (AttributeError, RuntimeError):
-            return 0
-        self.guard_us = min(1000.0, max(50.0, 3 * max(self._host_us)))
-        return int(self.guard_us * per_us)
+            return 0, 0
+        us = [min(1000.0, max(50.0, 3 * h)) for h in self._host_us]
+        self.guard_us = max(us)
+        return int(us[0] * per_us), int(us[1] * per_us)
 
     def _busy(self, cycles: int) -> None:
         if cycles:
@@ -187,7 +222,9 @@ class Bencher:
             torch.cuda._sleep(cycles)
 
     def _time_ab(self, cand: Callable[[], Any], ref: Callable[[], Any]) -> tuple[list[float], list[float]]:
-        """Candidate and reference interleaved, L2 flushed before each timed call (µs)."""
+        """Candidate and reference interleaved, L2 flushed before each timed call (µs).  Its
+        wall time is added to ``phase_s`` by phase."""
+        t0 = time.perf_counter()
         host_c, host_r = [], []
         for _ in range(self.warmup):
             t = time.perf_counter()
@@ -199,6 +236,8 @@ class Bencher:
         # the host's time to launch each call (its median over the warm-up)
         self._host_us = ([statistics.median(host_c), statistics.median(host_r)]
                          if host_c else [])
+        t1 = time.perf_counter()
+        self.phase_s["warmup"] += t1 - t0
         if self.device == "cpu":
             c_us, r_us = [], []
             for _ in range(self.iters):
@@ -208,25 +247,29 @@ class Bencher:
                 t = time.perf_counter()
                 ref()
                 r_us.append((time.perf_counter() - t) * 1e6)
+            self.phase_s["timed"] += time.perf_counter() - t1
             return c_us, r_us
         import torch
 
         flush = self._flush_buffer()
-        guard = self._guard_cycles(cand, ref)
+        guard_c, guard_r = self._guard_cycles()
+        t2 = time.perf_counter()
+        self.phase_s["guard_calibration"] += t2 - t1
         ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(self.iters)]
         torch.cuda.synchronize()
         for e in ev:
             flush.zero_()
-            self._busy(guard)
+            self._busy(guard_c)
             e[0].record()
             cand()
             e[1].record()
             flush.zero_()
-            self._busy(guard)
+            self._busy(guard_r)
             e[2].record()
             ref()
             e[3].record()
         torch.cuda.synchronize()
+        self.phase_s["timed"] += time.perf_counter() - t2
         return ([e[0].elapsed_time(e[1]) * 1e3 for e in ev],
                 [e[2].elapsed_time(e[3]) * 1e3 for e in ev])
 
@@ -287,12 +330,16 @@ def serve(device: str, warmup: int, iters: int, seed: int, max_cv: float = 0.05,
           remeasure: int = 2) -> int:
     """The worker loop: one request line in, one result line out, until stdin closes."""
     bencher = Bencher(device, warmup, iters, seed, max_cv=max_cv, remeasure=remeasure)
+    ready_s: float | None = bencher.start()
     out = sys.stdout
     for line in sys.stdin:
         if not line.strip():
             continue
         req = json.loads(line)
         res = bencher.measure(req)
+        res["phase_s"] = {k: round(v, 5) for k, v in bencher.phase_s.items()}
+        if ready_s is not None:  # the first answer says how long the worker took to start
+            res["worker_ready_s"], ready_s = ready_s, None
         fatal = res.pop("fatal", False)
         for k in ("value_us", "ref_us", "variance", "cv"):
             if isinstance(res.get(k), float) and not math.isfinite(res[k]):

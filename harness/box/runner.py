@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import pools
+from harness.box import process_age_s
 from harness.box.probe import card_from_probe, probe
 from harness.cards import INTERPRET
 from harness.ledger import Ledger
@@ -234,17 +235,6 @@ def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card
     }
 
 
-def process_age_s() -> float:
-    """Seconds since this process started (Linux /proc; 0 elsewhere): the budget counts the
-    job's own start-up (imports, probe, pool build) too."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 # A point started near the end of the allotment may run this far past it before it is cut (and
 # left for the next run): the bound that keeps every job within about a minute of its allotment.
 BUDGET_GRACE_S = 20.0
@@ -303,6 +293,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None
     counts: Counter[str] = Counter()
     times: Counter[str] = Counter()
+    phases: Counter[str] = Counter()  # the worker's own account of its time, by phase
+    ready: list[float] = []  # seconds each bench worker took to start (one per restart)
     batch_i = 0
     stop = "pool exhausted"
     error: str | None = None
@@ -377,6 +369,9 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                     tw = clock()
                     res = worker.bench(req, bound)
                     times["worker"] += clock() - tw
+                    phases.update(res.pop("phase_s", None) or {})
+                    if "worker_ready_s" in res:
+                        ready.append(res.pop("worker_ready_s"))
                 if res["status"] == "timeout" and 0 < bound < own_left:
                     # cut by the budget, not by its own bound: it ran at least the grace, so it
                     # is a timeout row (an attempt) and a kernel that hangs is retired
@@ -446,7 +441,9 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                "time_s": {"startup": round(times["startup"], 2),
                           "compile_wait": round(times["compile_wait"], 2),
                           "worker": round(times["worker"], 2),
-                          "timed_kernels": round(times["timed_kernels"], 3)}}
+                          "timed_kernels": round(times["timed_kernels"], 3),
+                          "worker_phases": {k: round(v, 3) for k, v in sorted(phases.items())},
+                          "worker_ready": ready}}
     if error:
         summary["error"] = error
     print(f"sweep done: {cfg.slice}-{cfg.kind} {done}/{total} points ({benched} benched "
