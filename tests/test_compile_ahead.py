@@ -272,6 +272,50 @@ def test_a_point_bound_covers_the_wait_for_its_compile_too(
     assert summary["stop"] == "budget spent"
 
 
+class EarlyPool(RecordingPool):
+    """Our seam: the pool a job starts before its probe."""
+
+    made: list[EarlyPool] = []
+
+    def __init__(self, workers: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        self.workers, self.warmed = workers, False
+        EarlyPool.made.append(self)
+
+    def warm(self) -> None:
+        self.warmed = True
+
+
+def test_what_starts_before_the_probe_is_dropped_when_the_box_turns_out_to_have_no_gpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guess said GPU (a device node), the probe said interpreter: the early pool and the
+    early CUDA worker are closed, and the job measures in the interpreter as ever."""
+    import harness.box.compiler
+
+    monkeypatch.setattr(runner, "gpu_likely", lambda: True)
+    monkeypatch.setattr(harness.box.compiler, "CompilePool", EarlyPool)
+    EarlyPool.made.clear()
+    summary = run_job(_cfg(tmp_path, slice="own", filter=None, budget_s=1e9, tail_cap=12,
+                           compile_workers=3), log=open(os.devnull, "w"))  # noqa: SIM115
+    assert [(p.workers, p.warmed, p.closed) for p in EarlyPool.made] == [(3, True, True)]
+    assert EarlyPool.made[0].submitted == []  # no point went to it
+    assert summary["regime"] == "interpret" and summary["compile_workers"] == 0
+    assert summary["benched"] > 0 and summary["ok"] == summary["benched"]
+    assert summary["worker_restarts"] == 0 and len(summary["time_s"]["worker_ready"]) == 1
+
+
+def test_a_spread_under_the_timer_floor_is_not_timed_again() -> None:
+    from harness.box.bench import NOISE_FLOOR_US, _cv, _noisy
+
+    small = [4.5, 5.0, 5.5, 5.0, 4.0, 6.0]  # a few-µs kernel: CV 0.14, spread 0.7 µs
+    big = [v * 100 for v in small]  # the same CV, a spread of 70 µs
+    assert _cv(small) == pytest.approx(_cv(big)) and _cv(small) > 0.05
+    assert statistics.stdev(small) < NOISE_FLOOR_US < statistics.stdev(big)
+    assert not _noisy(small, _cv(small), 0.05)
+    assert _noisy(big, _cv(big), 0.05)
+    assert not _noisy(big, _cv(big), 0.5)  # under the CV threshold
+
+
 def test_noisy_points_are_timed_again_and_rows_keep_cv_and_samples() -> None:
     res = _in_the_interpreter(NOISE_SCRIPT)
     strict, lax, none = res["strict"], res["lax"], res["none"]
@@ -336,6 +380,39 @@ def test_a_point_compiled_in_the_pool_is_only_loaded_by_the_worker(
         worker.close()
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+@pytest.mark.gpu
+def test_a_warmed_pool_process_compiles_its_first_point_in_a_fraction_of_the_cold_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``warm`` loads Triton's compiler and the CUDA runtime in each pool process before the
+    first point: that point's own compile is then a fraction of a cold one."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
+    from harness import kinds as registry
+    from harness.box.probe import card_from_probe, probe
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    shape = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
+    knobs = registry.get("matmul").enumerate(shape, card_from_probe(probe()))[0]
+    took = {}
+    for name in ("cold", "warmed"):
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / name))  # nothing cached
+        pool = CompilePool(1)
+        try:
+            if name == "warmed":
+                pool.warm()
+            pool.submit("p", "matmul", shape, knobs)
+            ans = pool.wait("p", 300)
+            assert ans is not None and "error" not in ans, ans
+            took[name] = ans["compile_s"]
+        finally:
+            pool.close()
+    with capsys.disabled():
+        print(f"\nfirst compile in a pool process: cold {took['cold']:.2f}s, after warm() "
+              f"{took['warmed']:.2f}s")
+    assert took["warmed"] < took["cold"] / 2, took
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ per line on stdin and answers one JSON result per line on stdout.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -41,6 +42,7 @@ class Bencher:
         self.max_cv = max_cv  # a point whose timed calls vary more than this is timed again
         self.remeasure = remeasure  # ... at most this many more times
         self._cycles_us: float | None = None
+        self._flush_us: float | None = None
         self._host_us: list[float] = []
         self.guard_us = 0.0
         self._shape_key: str | None = None
@@ -155,7 +157,8 @@ class Bencher:
             # noise policy: a point timed in a noisy window is timed again (bounded); the
             # quietest window's samples are kept
             first = dict(phase)
-            while cv > self.max_cv and res["remeasured"] < self.remeasure:
+            while (_noisy(cand, cv, self.max_cv)
+                   and res["remeasured"] < self.remeasure):
                 res["remeasured"] += 1
                 again = self._time_ab(launch.run, lambda: kind.reference(shape, self._inputs))
                 if _cv(again[0]) < cv:
@@ -183,9 +186,12 @@ class Bencher:
     # start event fires early and the launch latency is timed too: small kernels then read
     # slower than they are, by an amount that varies with the CPU's load.  So the GPU is kept
     # busy (``torch.cuda._sleep``) for a few times the host's launch time before each start
-    # event: by the time the event fires, the kernel is already queued behind it.  Candidate
-    # and reference each get a guard sized for their own launch.
+    # event: by the time the event fires, the kernel is already queued behind it.  The L2
+    # flush before it already keeps the GPU busy for a while, so the guard covers only the rest
+    # of twice the host's launch time; candidate and reference each get their own.
     CALIBRATION_CYCLES = 200_000  # about 0.1 ms of busy-wait: the event pair resolves ~0.5 µs
+    GUARD_MIN_US = 10.0
+    GUARD_SLACK_US = 20.0  # the host's enqueueing of the flush, the guard and the start event
 
     def _cycles_per_us(self) -> float:
         """SM cycles per µs now (again for each timing, as the clock moves)."""
@@ -200,10 +206,25 @@ class Bencher:
         self._cycles_us = self.CALIBRATION_CYCLES / max(a.elapsed_time(b) * 1e3, 1e-3)
         return self._cycles_us
 
+    def _flush_time_us(self) -> float:
+        """The GPU's time for one L2 flush (µs; measured once)."""
+        if self._flush_us is None:
+            import torch
+
+            flush = self._flush_buffer()
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
+            for e in ev:
+                e.record()
+                flush.zero_()
+            torch.cuda.synchronize()
+            self._flush_us = statistics.median(a.elapsed_time(b) * 1e3 for a, b in itertools.pairwise(ev))
+        return self._flush_us
+
     def _guard_cycles(self) -> tuple[int, int]:
-        """Cycles of GPU busy-wait before the candidate's and the reference's timed calls: 3x
-        each one's host launch time, within [50 µs, 1 ms]; 0 where ``torch.cuda._sleep`` is
-        missing.  ``guard_us`` keeps the larger."""
+        """Cycles of GPU busy-wait before the candidate's and the reference's timed calls:
+        twice each one's host launch time plus ``GUARD_SLACK_US``, less the flush's own time,
+        within [``GUARD_MIN_US``, 1 ms]; 0 where ``torch.cuda._sleep`` is missing.
+        ``guard_us`` keeps the larger."""
         self.guard_us = 0.0
         if not self._host_us:
             return 0, 0
@@ -211,7 +232,9 @@ class Bencher:
             per_us = self._cycles_per_us()
         except (AttributeError, RuntimeError):
             return 0, 0
-        us = [min(1000.0, max(50.0, 3 * h)) for h in self._host_us]
+        flush_us = self._flush_time_us()
+        us = [min(1000.0, max(self.GUARD_MIN_US, 2 * h + self.GUARD_SLACK_US - flush_us))
+              for h in self._host_us]
         self.guard_us = max(us)
         return int(us[0] * per_us), int(us[1] * per_us)
 
@@ -272,6 +295,17 @@ class Bencher:
         self.phase_s["timed"] += time.perf_counter() - t2
         return ([e[0].elapsed_time(e[1]) * 1e3 for e in ev],
                 [e[2].elapsed_time(e[3]) * 1e3 for e in ev])
+
+
+# A spread of the timed calls under this (twice the resolution of CUDA's event timer) is at
+# the limit of what the events can time: timing such a point again does not narrow it.
+NOISE_FLOOR_US = 1.0
+
+
+def _noisy(samples: list[float], cv: float, max_cv: float) -> bool:
+    """The noise policy's test: a coefficient of variation above ``max_cv`` whose spread is
+    also above the timer's floor."""
+    return cv > max_cv and cv * statistics.fmean(samples) > NOISE_FLOOR_US
 
 
 def _cv(samples: list[float]) -> float:

@@ -92,6 +92,15 @@ def _warm() -> None:
     import triton  # noqa: F401
 
 
+def _warm_compile() -> None:
+    """A first compile in a fresh pool process (errors are the real points' to find)."""
+    with contextlib.suppress(Exception):
+        import harness.kinds  # noqa: F401 - the kinds' kernels, as the points will need them
+        from harness.box._warm_kernel import compile_once
+
+        compile_once()
+
+
 class CompilePool:
     """Points submitted in the order they will be measured; ``wait`` hands back the compile
     answer of one, bounded in time.  ``compile_fn`` is a seam for tests of the scheduling."""
@@ -104,6 +113,16 @@ class CompilePool:
         self._futures: dict[str, Future[dict[str, Any]]] = {}
         self.submitted = 0
         self.broken: str | None = None
+
+    def warm(self) -> None:
+        """Start every pool process now, each compiling a trivial kernel: Triton's compiler and
+        the CUDA runtime are then loaded before the first point arrives."""
+        for _ in range(self.workers):
+            try:
+                self._pool.submit(_warm_compile)
+            except (BrokenProcessPool, RuntimeError) as exc:
+                self.broken = f"{type(exc).__name__}: {exc}"
+                return
 
     def submit(self, key: str, kind: str, shape: dict[str, Any], knobs: dict[str, Any]) -> None:
         """Queue a point; once a pool process has died (a compiler crash, the OOM killer) the

@@ -26,8 +26,8 @@ from typing import Any
 
 from harness import pools
 from harness.box import process_age_s
-from harness.box.probe import card_from_probe, probe
-from harness.cards import INTERPRET
+from harness.box.probe import FORCE_INTERPRET_ENV, card_from_probe, probe
+from harness.cards import DEPLOYABLE, INTERPRET
 from harness.ledger import Ledger
 
 TERMINAL_ROW = ("ok", "bench_fail")
@@ -235,6 +235,20 @@ def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card
     }
 
 
+def gpu_likely() -> bool:
+    """A cheap guess, before the probe, that this box will measure on a GPU: an NVIDIA device
+    node and no request for the interpreter.  Only what starts early depends on it."""
+    return (not os.environ.get(FORCE_INTERPRET_ENV) and not os.environ.get("TRITON_INTERPRET")
+            and Path("/dev/nvidiactl").exists())
+
+
+def _close_early(pool: Any, worker: Any) -> None:
+    if pool is not None:
+        pool.close()
+    if worker is not None:
+        worker.kill()
+
+
 # A point started near the end of the allotment may run this far past it before it is cut (and
 # left for the next run): the bound that keeps every job within about a minute of its allotment.
 BUDGET_GRACE_S = 20.0
@@ -257,27 +271,49 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     from harness.box.gpustate import GpuState
 
     t0 = clock() - (process_age_s() if clock is time.monotonic else 0.0)
-    info = probe()
-    card = card_from_probe(info)
-    regime = info["regime"]
-    warmup, iters = (cfg.warmup, cfg.iters) if regime != INTERPRET else (1, 3)
-    cfg.warmup, cfg.iters = warmup, iters
-    if regime == INTERPRET:  # CPU timings of the interpreter: not worth timing again
-        cfg.remeasure = 0
-    ledger = Ledger.load(cfg.ledger_path)
-    pool = pools.build(card, kinds=[cfg.kind], filter=cfg.filter, max_dist=cfg.max_dist,
-                       tail_cap=cfg.tail_cap)
-    points = pool.points(cfg.slice, cfg.kind)
+    cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
+    worker_log = cfg.rows_path.parent / "worker.log"
+    # Where the box has a GPU, the compile pool (warming up with a first compile) and the bench
+    # worker (torch, CUDA) start before the probe and the pool build, in parallel with them.
+    early_pool, early_worker = None, None
+    if compile_pool is None and gpu_likely():
+        n_early = default_workers() if cfg.compile_workers is None else cfg.compile_workers
+        early_pool = CompilePool(n_early) if n_early > 0 else None
+        if early_pool is not None:
+            early_pool.warm()
+        early_worker = Worker(DEPLOYABLE, cfg.warmup, cfg.iters, cfg.seed, worker_log,
+                              max_cv=cfg.max_cv, remeasure=cfg.remeasure)
+        early_worker.start()
+    try:
+        info = probe()
+        card = card_from_probe(info)
+        regime = info["regime"]
+        warmup, iters = (cfg.warmup, cfg.iters) if regime != INTERPRET else (1, 3)
+        cfg.warmup, cfg.iters = warmup, iters
+        if regime == INTERPRET:  # CPU timings of the interpreter: not worth timing again
+            cfg.remeasure = 0
+        ledger = Ledger.load(cfg.ledger_path)
+        pool = pools.build(card, kinds=[cfg.kind], filter=cfg.filter, max_dist=cfg.max_dist,
+                           tail_cap=cfg.tail_cap)
+        points = pool.points(cfg.slice, cfg.kind)
+    except BaseException:
+        _close_early(early_pool, early_worker)
+        raise
     remaining: dict[str, list[pools.Point]] = defaultdict(list)
     for p in points:
         if ledger.needs_run(p.key, regime, cfg.max_attempts):
             remaining[p.shape_id].append(p)
     total, todo = len(points), sum(len(v) for v in remaining.values())
+    if regime == INTERPRET or not todo:  # started for nothing
+        _close_early(early_pool, early_worker)
+        early_pool, early_worker = None, None
     n_compile = 0
-    if compile_pool is None and regime != INTERPRET and todo:
+    if early_pool is not None:
+        compile_pool = early_pool
+    elif compile_pool is None and regime != INTERPRET and todo:
         n_compile = default_workers() if cfg.compile_workers is None else cfg.compile_workers
         compile_pool = CompilePool(n_compile) if n_compile > 0 else None
-    elif compile_pool is not None:
+    if compile_pool is not None:
         n_compile = compile_pool.workers
     print(f"[sweep] card {card.name} ({regime}); job {cfg.slice}-{cfg.kind}: {todo} of {total} "
           f"points to measure; budget {cfg.budget_s:.0f}s; "
@@ -285,9 +321,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     kind = registry.get(cfg.kind)
     card_feats = card.features()
     rng = random.Random(cfg.seed)
-    cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
-    worker = Worker(regime, warmup, iters, cfg.seed, cfg.rows_path.parent / "worker.log",
-                    max_cv=cfg.max_cv, remeasure=cfg.remeasure)
+    worker = early_worker or Worker(regime, warmup, iters, cfg.seed, worker_log,
+                                    max_cv=cfg.max_cv, remeasure=cfg.remeasure)
     if todo:  # its start-up (torch, CUDA) overlaps the pool's first compiles
         worker.start()
     gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None

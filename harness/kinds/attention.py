@@ -11,7 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, cdiv, next_pow2, torch_dtype
+from harness.kinds.base import (
+    DTYPE_BYTES,
+    Kind,
+    Knobs,
+    Launch,
+    Shape,
+    cdiv,
+    next_pow2,
+    random_normal,
+    torch_dtype,
+)
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
@@ -65,10 +75,10 @@ class Attention(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        randn = random_normal(device, seed)
         dims = (shape["batch"], shape["heads"], shape["seq"], shape["head_dim"])
         dt = torch_dtype(shape["dtype"])
-        q, k, v = (torch.randn(*dims, generator=g).to(device=device, dtype=dt) for _ in range(3))
+        q, k, v = (randn(*dims).to(device=device, dtype=dt) for _ in range(3))
         return {"q": q, "k": k, "v": v, "out": torch.empty_like(q)}
 
     def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:

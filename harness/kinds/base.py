@@ -139,3 +139,18 @@ def torch_dtype(name: str) -> Any:
     import torch
 
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def random_normal(device: str, seed: int) -> Callable[..., Any]:
+    """``randn(*size)``: standard normal draws from one generator seeded with ``seed``, made on
+    the device itself where it is a GPU (drawing a large weight on the CPU takes seconds);
+    on the CPU otherwise (the interpreter, and ``meta`` inputs, whose values are never read)."""
+    import torch
+
+    where = device if str(device).startswith("cuda") else "cpu"
+    g = torch.Generator(device=where).manual_seed(seed)
+
+    def randn(*size: int) -> Any:
+        return torch.randn(*size, generator=g, device=where)
+
+    return randn

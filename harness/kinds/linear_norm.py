@@ -31,6 +31,7 @@ from harness.kinds.base import (
     cdiv,
     gemm_tile_misfit,
     next_pow2,
+    random_normal,
     torch_dtype,
 )
 
@@ -88,12 +89,12 @@ class LinearNorm(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        randn = random_normal(device, seed)
         m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
         scale = k ** -0.25
-        x = (torch.randn(m, k, generator=g) * scale).to(device=device, dtype=dt)
-        w = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
-        wn = (1 + 0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dt)
+        x = (randn(m, k) * scale).to(device=device, dtype=dt)
+        w = (randn(n, k) * scale).to(device=device, dtype=dt)
+        wn = (1 + 0.1 * randn(n)).to(device=device, dtype=dt)
         return {"x": x, "w": w, "w_norm": wn, "out": torch.empty(m, n, device=device, dtype=dt)}
 
     def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:

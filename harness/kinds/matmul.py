@@ -16,6 +16,7 @@ from harness.kinds.base import (
     Shape,
     cdiv,
     gemm_tile_misfit,
+    random_normal,
     torch_dtype,
 )
 
@@ -62,11 +63,11 @@ class Matmul(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        randn = random_normal(device, seed)
         m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
         scale = k ** -0.25  # outputs of order one, so one tolerance fits every K
-        a = (torch.randn(m, k, generator=g) * scale).to(device=device, dtype=dt)
-        w = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
+        a = (randn(m, k) * scale).to(device=device, dtype=dt)
+        w = (randn(n, k) * scale).to(device=device, dtype=dt)
         return {"a": a, "w": w, "out": torch.empty(m, n, device=device, dtype=dt)}
 
     def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:

@@ -17,6 +17,7 @@ from harness.kinds.base import (
     Shape,
     cdiv,
     gemm_tile_misfit,
+    random_normal,
     torch_dtype,
 )
 
@@ -64,12 +65,12 @@ class MlpGeglu(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        randn = random_normal(device, seed)
         m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
         scale = k ** -0.25  # gate and up of order one
-        x = (torch.randn(m, k, generator=g) * scale).to(device=device, dtype=dt)
-        wg = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
-        wu = (torch.randn(n, k, generator=g) * scale).to(device=device, dtype=dt)
+        x = (randn(m, k) * scale).to(device=device, dtype=dt)
+        wg = (randn(n, k) * scale).to(device=device, dtype=dt)
+        wu = (randn(n, k) * scale).to(device=device, dtype=dt)
         return {"x": x, "w_gate": wg, "w_up": wu,
                 "out": torch.empty(m, n, device=device, dtype=dt)}
 

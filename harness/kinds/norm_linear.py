@@ -17,6 +17,7 @@ from harness.kinds.base import (
     Shape,
     cdiv,
     gemm_tile_misfit,
+    random_normal,
     torch_dtype,
 )
 
@@ -69,12 +70,12 @@ class NormLinear(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        randn = random_normal(device, seed)
         m, n, k, dt = shape["M"], shape["N"], shape["K"], torch_dtype(shape["dtype"])
         # the normalized rows have unit RMS, so W ~ K**-0.5 gives outputs of order one
-        x = (torch.randn(m, k, generator=g) * 3).to(device=device, dtype=dt)
-        wn = (1 + 0.1 * torch.randn(k, generator=g)).to(device=device, dtype=dt)
-        w = (torch.randn(n, k, generator=g) * k ** -0.5).to(device=device, dtype=dt)
+        x = (randn(m, k) * 3).to(device=device, dtype=dt)
+        wn = (1 + 0.1 * randn(k)).to(device=device, dtype=dt)
+        w = (randn(n, k) * k ** -0.5).to(device=device, dtype=dt)
         return {"x": x, "w_norm": wn, "w": w, "out": torch.empty(m, n, device=device, dtype=dt)}
 
     def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:

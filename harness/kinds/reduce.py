@@ -12,7 +12,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, cdiv, next_pow2, torch_dtype
+from harness.kinds.base import (
+    DTYPE_BYTES,
+    Kind,
+    Knobs,
+    Launch,
+    Shape,
+    cdiv,
+    next_pow2,
+    random_normal,
+    torch_dtype,
+)
 
 OPS = ("sum", "mean", "max", "min", "sumsq")
 # op -> (kernel OP code: 0 sum, 1 max, 2 min; square the inputs first)
@@ -85,11 +95,11 @@ class Reduce(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        randn = random_normal(device, seed)
         m, n, op = shape["M"], shape["N"], shape["op"]
         # scaled so every op's result is of order one
         scale = {"sum": n ** -0.5, "sumsq": n ** -0.5, "mean": n ** 0.5}.get(op, 0.25)
-        x = (torch.randn(m, n, generator=g) * scale).to(device=device,
+        x = (randn(m, n) * scale).to(device=device,
                                                         dtype=torch_dtype(shape["dtype"]))
         return {"x": x, "out": torch.empty(m, device=device, dtype=x.dtype)}
 

@@ -7,7 +7,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
+from harness.kinds.base import (
+    DTYPE_BYTES,
+    Kind,
+    Knobs,
+    Launch,
+    Shape,
+    next_pow2,
+    random_normal,
+    torch_dtype,
+)
 
 EPS = 1e-6
 
@@ -72,10 +81,10 @@ class RmsNorm(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        randn = random_normal(device, seed)
         dt = torch_dtype(shape["dtype"])
-        x = (torch.randn(shape["M"], shape["N"], generator=g) * 2).to(device=device, dtype=dt)
-        w = (1 + 0.1 * torch.randn(shape["N"], generator=g)).to(device=device, dtype=dt)
+        x = (randn(shape["M"], shape["N"]) * 2).to(device=device, dtype=dt)
+        w = (1 + 0.1 * randn(shape["N"])).to(device=device, dtype=dt)
         return {"x": x, "w": w, "out": torch.empty_like(x)}
 
     def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:

@@ -6,7 +6,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import Card
-from harness.kinds.base import DTYPE_BYTES, Kind, Knobs, Launch, Shape, next_pow2, torch_dtype
+from harness.kinds.base import (
+    DTYPE_BYTES,
+    Kind,
+    Knobs,
+    Launch,
+    Shape,
+    next_pow2,
+    random_normal,
+    torch_dtype,
+)
 
 
 class Softmax(Kind):
@@ -51,8 +60,8 @@ class Softmax(Kind):
     def make_inputs(self, shape: Shape, device: str, seed: int) -> dict[str, Any]:
         import torch
 
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        x = (torch.randn(shape["M"], shape["N"], generator=g) * 3).to(
+        randn = random_normal(device, seed)
+        x = (randn(shape["M"], shape["N"]) * 3).to(
             device=device, dtype=torch_dtype(shape["dtype"]))
         return {"x": x, "out": torch.empty_like(x)}
 
