@@ -112,7 +112,7 @@ def test_points_are_submitted_ahead_in_measuring_order_and_rows_say_so(tmp_path:
     assert summary["compile_workers"] == 4
     ts = summary["time_s"]
     assert set(ts) == {"startup", "compile_wait", "worker", "timed_kernels", "worker_phases",
-                       "worker_ready"}
+                       "worker_ready", "ledger_saves"}
     # the worker's own account of its time: every phase ran, and together they fit in the
     # time the job spent waiting on it; one worker started, once
     assert set(ts["worker_phases"]) >= {"prepare", "first_launch", "check", "warmup", "timed"}
@@ -383,10 +383,11 @@ def test_a_point_compiled_in_the_pool_is_only_loaded_by_the_worker(
 
 
 @pytest.mark.gpu
-def test_a_warmed_pool_process_compiles_its_first_point_in_a_fraction_of_the_cold_time(
+def test_a_warmed_pool_process_compiles_its_first_point_without_the_start_up_cost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """``warm`` loads Triton's compiler and the CUDA runtime in each pool process before the
-    first point: that point's own compile is then a fraction of a cold one."""
+    first point: that point's compile then no longer pays for them (about 2 s on an H200,
+    where a 4096³ matmul's own compile is about 5 s)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
@@ -412,7 +413,7 @@ def test_a_warmed_pool_process_compiles_its_first_point_in_a_fraction_of_the_col
     with capsys.disabled():
         print(f"\nfirst compile in a pool process: cold {took['cold']:.2f}s, after warm() "
               f"{took['warmed']:.2f}s")
-    assert took["warmed"] < took["cold"] / 2, took
+    assert took["warmed"] < took["cold"] - 0.5, took
 
 
 @pytest.mark.gpu

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -90,8 +91,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                     point_timeout_s=args.point_timeout_s, warmup=args.warmup, iters=args.iters,
                     compile_workers=args.compile_workers, max_cv=args.max_cv,
                     remeasure=args.remeasure, run_id=args.run_id or new_run_id())
+    # tmux kill-session hangs up the pane, a controller may terminate: either ends the job
+    # through its clean-up, which keeps the marks of the rows already written
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     run_job(cfg)
     return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

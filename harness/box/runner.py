@@ -2,7 +2,9 @@
 
 Lifecycle: probe the card → build the pool → drop points the ledger says are done → loop
 {draw a shape ∝ its remaining points, draw up to ``--batch`` points of it, bench them in the
-worker, append their rows (fsync), mark and save the ledger} → summary line + summary file.
+worker, append their rows, mark the ledger} → summary line + summary file.  The rows file is
+synced and the ledger saved every ``LEDGER_SAVE_S`` or so and at the end (never a mark before
+its row is durable): a job killed between saves measures at most those seconds' points again.
 The coming batches are drawn ahead and compile in a process pool on the box's CPU cores while
 the GPU measures.  The budget is checked before each point, and a point's time bound never
 reaches more than ``BUDGET_GRACE_S`` past the allotment, so a job ends within about that of it.
@@ -10,6 +12,7 @@ reaches more than ``BUDGET_GRACE_S`` past the allotment, so a job ends within ab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -54,6 +57,7 @@ class Worker:
         self.log_path = log_path
         self.proc: subprocess.Popen[str] | None = None
         self.restarts = 0
+        self._served = 0
 
     def _start(self) -> subprocess.Popen[str]:
         env = dict(os.environ)
@@ -62,6 +66,7 @@ class Worker:
         log = open(self.log_path, "a")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=log, text=True, env=env, bufsize=1)
+        self._served = 0  # points handed to this process
         log.close()
         return self.proc
 
@@ -73,6 +78,7 @@ class Worker:
     def bench(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         proc = self.proc if self.proc and self.proc.poll() is None else self._start()
         assert proc.stdin and proc.stdout
+        self._served += 1
         try:
             proc.stdin.write(json.dumps(req) + "\n")
             proc.stdin.flush()
@@ -103,22 +109,31 @@ class Worker:
                 + _tail(self.log_path, 8)}
 
     def kill(self) -> None:
+        """End the worker (a hung or broken one): the next point starts a fresh one."""
+        if self.proc:
+            self.restarts += 1
+        self._end()
+
+    def _end(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass  # SIGKILLed; the OS reaps it
-        if self.proc:
-            self.restarts += 1
         self.proc = None
 
     def close(self) -> None:
+        """Let the worker finish and exit; one that was never given a point (it may still be
+        starting up) is simply ended."""
         if self.proc and self.proc.poll() is None:
+            if not self._served:
+                self._end()
+                return
             assert self.proc.stdin
             self.proc.stdin.close()
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.proc = None
@@ -246,7 +261,11 @@ def _close_early(pool: Any, worker: Any) -> None:
     if pool is not None:
         pool.close()
     if worker is not None:
-        worker.kill()
+        worker.close()
+
+
+# The rows file is synced and the ledger saved at least this often (seconds), and at the end.
+LEDGER_SAVE_S = 10.0
 
 
 # A point started near the end of the allotment may run this far past it before it is cut (and
@@ -357,6 +376,18 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
         return cfg.budget_s - (clock() - t0) if cfg.budget_s else float("inf")
 
     rows_file = RowsWriter(cfg.rows_path)
+
+    def save() -> float:
+        """Sync the rows, then save the ledger; returns when the next save is due (the ledger
+        of a long run is large: its saves are spaced to stay a few percent of the time)."""
+        t = clock()
+        rows_file.sync()
+        _save_ledger(ledger, cfg.ledger_path)
+        took = clock() - t
+        times["ledger_saves"] += took
+        return clock() + max(LEDGER_SAVE_S, 20 * took)
+
+    next_save = clock() + LEDGER_SAVE_S
     try:
         while True:
             if left_s() <= 0:
@@ -430,8 +461,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                 if cut:
                     break
             in_flight.difference_update(p.key for p in batch)
-            rows_file.sync()
-            _save_ledger(ledger, cfg.ledger_path)
+            if clock() >= next_save:
+                next_save = save()
             remaining[sid] = [p for p in remaining.get(sid, [])
                               if ledger.needs_run(p.key, regime, cfg.max_attempts)]
             if not remaining[sid]:
@@ -446,6 +477,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
             if cut:
                 stop = "budget spent"
                 break
+        save()
     except BoxWriteError as exc:
         error, stop = str(exc), "failed: rows or ledger not written"
         print(f"[sweep] error: {exc}", file=log, flush=True)
@@ -454,6 +486,10 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
             _save_ledger(ledger, cfg.ledger_path)
         except BoxWriteError as again:
             print(f"[sweep] error: {again}", file=log, flush=True)
+    except BaseException:  # ended by a signal or a bug: the marks of the durable rows are kept
+        with contextlib.suppress(BoxWriteError):
+            save()
+        raise
     finally:
         rows_file.close()
         worker.close()
@@ -477,6 +513,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                           "compile_wait": round(times["compile_wait"], 2),
                           "worker": round(times["worker"], 2),
                           "timed_kernels": round(times["timed_kernels"], 3),
+                          "ledger_saves": round(times["ledger_saves"], 3),
                           "worker_phases": {k: round(v, 3) for k, v in sorted(phases.items())},
                           "worker_ready": ready}}
     if error:
