@@ -1,9 +1,10 @@
 """The same points measured twice, and against ``triton.testing.do_bench``, side by side.
 
     python bench/reproducibility.py ROWS.jsonl [ROWS.jsonl ...] [--n 240] [--do-bench-n 120]
+                                    [--per-shape 10]
 
-Run on the box that measured the rows.  Takes up to ``--n`` ok deployable rows (spread over
-shapes), measures their points again in a fresh bench worker (the sweep's own measuring code
+Run on the box that measured the rows.  Takes up to ``--n`` ok deployable rows (``--per-shape``
+of each shape, shapes taken in turn over kinds), measures their points again in a fresh bench worker (the sweep's own measuring code
 and settings, in a new process, in a shuffled order), then times a sample with ``do_bench``.
 Prints per shape the Spearman correlation between the two runs, the median relative difference,
 and the agreement with ``do_bench``; then the medians over shapes.
@@ -31,13 +32,28 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float("nan") if r is None else r
 
 
-def pick(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def pick(rows: list[dict[str, Any]], n: int, per_shape: int = 0) -> list[dict[str, Any]]:
+    """Up to ``n`` rows.  With ``per_shape``, whole shapes of ``per_shape`` rows each (shapes that
+    have that many, taken in turn over kinds, so a per-shape Spearman ranks enough points);
+    otherwise round-robin over every shape."""
     by_shape: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_shape[r["shape_id"]].append(r)
     for v in by_shape.values():
         random.Random(0).shuffle(v)
     picked: list[dict[str, Any]] = []
+    if per_shape:
+        by_kind: dict[str, list[str]] = defaultdict(list)
+        for sid in sorted(by_shape):
+            if len(by_shape[sid]) >= per_shape:
+                by_kind[by_shape[sid][0]["kind"]].append(sid)
+        for sids in by_kind.values():
+            random.Random(0).shuffle(sids)
+        while len(picked) + per_shape <= n and any(by_kind.values()):
+            for kind in sorted(by_kind):
+                if by_kind[kind] and len(picked) + per_shape <= n:
+                    picked += by_shape[by_kind[kind].pop()][:per_shape]
+        return picked
     while len(picked) < n and any(by_shape.values()):
         for sid in sorted(by_shape):
             if by_shape[sid] and len(picked) < n:
@@ -50,6 +66,8 @@ def main() -> int:
     ap.add_argument("rows", nargs="+")
     ap.add_argument("--n", type=int, default=240)
     ap.add_argument("--do-bench-n", type=int, default=120)
+    ap.add_argument("--per-shape", type=int, default=10,
+                    help="points per shape (shapes with fewer are skipped); 0 spreads over all shapes")
     ap.add_argument("--json", default=None, help="write the figures here too")
     args = ap.parse_args()
 
@@ -58,7 +76,7 @@ def main() -> int:
     rows = [json.loads(line) for f in args.rows for line in Path(f).read_text().splitlines()
             if line.strip()]
     ok = [r for r in rows if r["status"] == "ok" and r["regime"] == "deployable"]
-    picked = pick(ok, args.n)
+    picked = pick(ok, args.n, args.per_shape)
     if not picked:
         raise SystemExit("no ok deployable rows in the given files")
     prov = picked[0]["provenance"]

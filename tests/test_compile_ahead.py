@@ -383,40 +383,6 @@ def test_a_point_compiled_in_the_pool_is_only_loaded_by_the_worker(
 
 
 @pytest.mark.gpu
-def test_a_warmed_pool_process_compiles_its_first_point_without_the_start_up_cost(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """``warm`` loads Triton's compiler and the CUDA runtime in each pool process before the
-    first point: that point's compile then no longer pays for them (about 2 s on an H200,
-    where a 4096³ matmul's own compile is about 5 s)."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
-    from harness import kinds as registry
-    from harness.box.probe import card_from_probe, probe
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    shape = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
-    knobs = registry.get("matmul").enumerate(shape, card_from_probe(probe()))[0]
-    took = {}
-    for name in ("cold", "warmed"):
-        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / name))  # nothing cached
-        pool = CompilePool(1)
-        try:
-            if name == "warmed":
-                pool.warm()
-            pool.submit("p", "matmul", shape, knobs)
-            ans = pool.wait("p", 300)
-            assert ans is not None and "error" not in ans, ans
-            took[name] = ans["compile_s"]
-        finally:
-            pool.close()
-    with capsys.disabled():
-        print(f"\nfirst compile in a pool process: cold {took['cold']:.2f}s, after warm() "
-              f"{took['warmed']:.2f}s")
-    assert took["warmed"] < took["cold"] - 0.5, took
-
-
-@pytest.mark.gpu
 def test_small_kernels_time_without_the_launch_gap(capsys: pytest.CaptureFixture[str]) -> None:
     """Decode-sized kernels run in a few µs, less than Python takes to launch them: the guard
     keeps the launch out of the timed window, so the harness agrees with ``do_bench``."""
@@ -441,7 +407,7 @@ def test_small_kernels_time_without_the_launch_gap(capsys: pytest.CaptureFixture
         for knobs in random.Random(3).sample(kind.enumerate(shape, card), 4):
             res = bencher.measure({"kind": kind_name, "shape": shape, "knobs": knobs})
             assert res["status"] == "ok", res
-            assert res["guard_us"] >= 50, res
+            assert res["guard_us"] >= Bencher.GUARD_MIN_US, res
             inputs = kind.make_inputs(shape, "cuda", 0)
             launch = kind.prepare(knobs, shape, inputs)
             ref_us = triton.testing.do_bench(launch.run, return_mode="median") * 1e3
