@@ -339,6 +339,30 @@ def test_rows_carry_provenance_of_the_measurement(tmp_path: Path) -> None:
     assert not GpuState().available or os.path.exists("/dev/nvidiactl")
 
 
+def test_a_pool_given_the_target_compiles_with_no_gpu_at_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the target given, a pool process compiles a real point to a cubin without asking
+    CUDA anything: here, on a machine that may have no GPU and no CUDA driver."""
+    pytest.importorskip("torch")
+    from harness import kinds as registry
+    from harness.cards import by_alias
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    shape = {"M": 64, "N": 4096, "dtype": "bf16"}
+    knobs = registry.get("rms_norm").enumerate(shape, by_alias("h200"))[3]
+    pool = CompilePool(1, target=("cuda", 90, 32))
+    try:
+        pool.warm()
+        pool.submit("p", "rms_norm", shape, knobs)
+        ans = pool.wait("p", 240)
+    finally:
+        pool.close()
+    assert ans is not None and "error" not in ans, ans
+    cubins = sorted(p.name for p in (tmp_path / "cache").rglob("*.cubin"))
+    assert "rms_norm_kernel.cubin" in cubins, cubins
+
+
 @pytest.mark.gpu
 def test_a_point_compiled_in_the_pool_is_only_loaded_by_the_worker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -356,7 +380,9 @@ def test_a_point_compiled_in_the_pool_is_only_loaded_by_the_worker(
     import random
 
     sample = random.Random(7).sample(pool_specs, 6)
-    pool = CompilePool(6)
+    target = runner._pool_target()  # as a job makes it: compiled without CUDA in the pool
+    assert target is not None and target[1] >= 70, target
+    pool = CompilePool(6, target=target)
     worker = runner.Worker("deployable", 5, 20, 0, tmp_path / "worker.log")
     lines = []
     try:

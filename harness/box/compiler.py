@@ -4,9 +4,10 @@ Each pool process configures a point's kernel exactly as the bench worker will (
 code, same shape, same knobs) but on storage-free ``meta`` tensors, and asks Triton to compile
 it without launching (``warmup=True``).  The compiled kernel lands in Triton's on-disk cache,
 which the pool and the bench worker share (the same ``TRITON_CACHE_DIR``), so the worker's first
-launch of that point only loads it.  Nothing here launches on the GPU (Triton does start the
-CUDA runtime to learn the target), and nothing here decides a point's status: a compile that fails, hangs or is not done in time is simply compiled again by
-the worker, which classifies the failure as it always does.
+launch of that point only loads it.  Nothing here launches on the GPU; given the target (the
+compute capability, read through NVML), the pool processes do not even start CUDA.  Nothing
+here decides a point's status: a compile that fails, hangs or is not done in time is simply
+compiled again by the worker, which classifies the failure as it always does.
 """
 
 from __future__ import annotations
@@ -83,19 +84,58 @@ def compile_point(kind_name: str, shape: dict[str, Any], knobs: dict[str, Any]) 
     return {"compile_s": round(time.perf_counter() - t0, 4)}
 
 
-def _warm() -> None:
-    """Pool process start: yield the CPU to the bench worker (whose launches are timed), and
-    import torch and triton once, before the first point arrives."""
+_TARGET: Any = None  # the GPUTarget pool processes compile for, when the pool was given one
+
+
+class _CompileOnlyDriver:
+    """What ``JITFunction.run(..., warmup=True)`` asks of Triton's driver (the device, its stream
+    and the target), answered without CUDA: a pool process given the target never starts the
+    CUDA runtime, so a dozen of them do not queue for the driver at a job's start.  Anything
+    else Triton asks of it raises, and that point is compiled by the bench worker instead."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+
+def _warm(target: tuple[str, int, int] | None = None) -> None:
+    """Pool process start: yield the CPU to the bench worker (whose launches are timed), import
+    torch and triton once, before the first point arrives, and, given the target
+    (``("cuda", 90, 32)``), compile for it without CUDA."""
+    global _TARGET
     with contextlib.suppress(OSError):
         os.nice(10)
     import torch  # noqa: F401
     import triton  # noqa: F401
 
+    if target is not None:
+        with contextlib.suppress(Exception):  # an unknown Triton: its own driver answers
+            from triton.backends.compiler import GPUTarget
+            from triton.runtime import driver
+
+            _TARGET = GPUTarget(*target)
+            driver.set_active(_CompileOnlyDriver(_TARGET))
+
 
 def _warm_compile() -> None:
-    """A first compile in a fresh pool process (errors are the real points' to find)."""
+    """A first compile in a fresh pool process (errors are the real points' to find).  It makes
+    a kind's inputs on ``meta`` the way every point does: torch's first ``meta`` operation
+    imports ``torch._dynamo``, seconds that would otherwise fall on the job's first points."""
     with contextlib.suppress(Exception):
         import harness.kinds  # noqa: F401 - the kinds' kernels, as the points will need them
+        from harness import kinds as registry
+
+        with _compile_only():
+            registry.get("rms_norm").make_inputs({"M": 16, "N": 128, "dtype": "bf16"}, "meta", 0)
+    with contextlib.suppress(Exception):
         from harness.box._warm_kernel import compile_once
 
         compile_once()
@@ -105,10 +145,15 @@ class CompilePool:
     """Points submitted in the order they will be measured; ``wait`` hands back the compile
     answer of one, bounded in time.  ``compile_fn`` is a seam for tests of the scheduling."""
 
-    def __init__(self, workers: int, compile_fn: CompileFn = compile_point) -> None:
+    def __init__(self, workers: int, compile_fn: CompileFn = compile_point,
+                 target: tuple[str, int, int] | None = None) -> None:
+        """``target`` (``("cuda", 90, 32)``: backend, compute capability, warp size) lets the
+        pool processes compile without starting CUDA; None: Triton asks the GPU."""
         self.workers = workers
+        self.target = target
         ctx = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_warm)
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_warm,
+                                         initargs=(target,))
         self._fn = compile_fn
         self._futures: dict[str, Future[dict[str, Any]]] = {}
         self.submitted = 0

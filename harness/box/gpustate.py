@@ -47,3 +47,21 @@ class GpuState:
         if self._lib.nvmlDeviceGetTemperature(self._dev, _NVML_TEMPERATURE_GPU, ctypes.byref(v)) == 0:
             out["temp_c"] = v.value
         return out
+
+
+def compute_capability(index: int = 0) -> int | None:
+    """The GPU's compute capability as Triton writes it (9.0 -> 90), from NVML: no CUDA context
+    is made.  None where NVML is missing or cannot say."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if lib.nvmlInit_v2() != 0:
+            return None
+        dev = ctypes.c_void_p()
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if (lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(dev)) != 0
+                or lib.nvmlDeviceGetCudaComputeCapability(dev, ctypes.byref(major),
+                                                          ctypes.byref(minor)) != 0):
+            return None
+        return major.value * 10 + minor.value
+    except (OSError, AttributeError):
+        return None

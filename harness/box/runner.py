@@ -257,6 +257,16 @@ def gpu_likely() -> bool:
             and Path("/dev/nvidiactl").exists())
 
 
+def _pool_target() -> tuple[str, int, int] | None:
+    """What the compile pool compiles for, from NVML (no CUDA context); None: Triton asks."""
+    from harness.box.gpustate import compute_capability
+
+    if os.environ.get("EMMY_POOL_ASKS_CUDA"):  # the escape hatch: let Triton ask the GPU
+        return None
+    cc = compute_capability()
+    return ("cuda", cc, 32) if cc else None
+
+
 def _close_early(pool: Any, worker: Any) -> None:
     if pool is not None:
         pool.close()
@@ -297,7 +307,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     early_pool, early_worker = None, None
     if compile_pool is None and gpu_likely():
         n_early = default_workers() if cfg.compile_workers is None else cfg.compile_workers
-        early_pool = CompilePool(n_early) if n_early > 0 else None
+        early_pool = CompilePool(n_early, target=_pool_target()) if n_early > 0 else None
         if early_pool is not None:
             early_pool.warm()
         early_worker = Worker(DEPLOYABLE, cfg.warmup, cfg.iters, cfg.seed, worker_log,
@@ -331,7 +341,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
         compile_pool = early_pool
     elif compile_pool is None and regime != INTERPRET and todo:
         n_compile = default_workers() if cfg.compile_workers is None else cfg.compile_workers
-        compile_pool = CompilePool(n_compile) if n_compile > 0 else None
+        compile_pool = (CompilePool(n_compile, target=_pool_target()) if n_compile > 0
+                        else None)
     if compile_pool is not None:
         n_compile = compile_pool.workers
     print(f"[sweep] card {card.name} ({regime}); job {cfg.slice}-{cfg.kind}: {todo} of {total} "
