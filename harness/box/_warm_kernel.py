@@ -1,5 +1,6 @@
 """A trivial Triton kernel that a compile-pool process compiles when it starts, so that the
-compiler and the CUDA runtime are loaded before the first real point."""
+compiler (and, where the pool was not given the target, the CUDA runtime) is loaded before
+the first real point."""
 
 import triton
 import triton.language as tl

@@ -160,8 +160,9 @@ class CompilePool:
         self.broken: str | None = None
 
     def warm(self) -> None:
-        """Start every pool process now, each compiling a trivial kernel: Triton's compiler and
-        the CUDA runtime are then loaded before the first point arrives."""
+        """Start every pool process now, each making a kind's ``meta`` inputs and compiling a
+        trivial kernel: torch's and Triton's one-time costs are then paid before the first
+        point arrives."""
         for _ in range(self.workers):
             try:
                 self._pool.submit(_warm_compile)

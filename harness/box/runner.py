@@ -517,6 +517,9 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                "over_budget_s": round(elapsed - cfg.budget_s, 2) if cfg.budget_s else None,
                "worker_restarts": worker.restarts,
                "compile_workers": n_compile,
+               # what the pool compiled for without asking CUDA (None: Triton asked the GPU)
+               "compile_target": (list(getattr(compile_pool, "target", None) or []) or None)
+               if compile_pool is not None else None,
                "compile_pool_broken": getattr(compile_pool, "broken", None),
                "compiled_ahead": int(times["compiled_ahead"]),
                "remeasured": int(times["remeasured"]),

@@ -25,7 +25,8 @@ Adding a prior, either way:
 
 Built in: ``oracle`` and ``random`` (sanity baselines), ``transfer`` (knob distance to other
 cards' anchors), ``roofline`` (an analytical time estimate), ``learned`` (gradient-boosted
-trees on the features) and ``learned_c`` (the same, also seeing the C_* compile facts).
+trees on the features, learning each configuration's time relative to its shape's), ``learned_c``
+(the same, also seeing the C_* compile facts) and ``learned_abs`` (learning absolute times).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def _load_builtins() -> None:
         "roofline": lambda ctx: roofline.RooflinePrior(),
     }
 
-    def learned(compile_facts: bool, relative: bool = False) -> Factory:
+    def learned(compile_facts: bool, relative: bool = True) -> Factory:
         def factory(ctx: PriorContext) -> Prior:
             from harness.priors.learned import LearnedPrior
 
@@ -178,6 +179,6 @@ def _load_builtins() -> None:
 
     builtins["learned"] = learned(False)
     builtins["learned_c"] = learned(True)
-    builtins["learned_rel"] = learned(False, relative=True)
+    builtins["learned_abs"] = learned(False, relative=False)
     for name, factory in builtins.items():
         _REGISTRY.setdefault(name, factory)  # a user's earlier registration wins

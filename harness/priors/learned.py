@@ -41,19 +41,21 @@ class LearnedPrior:
     learns = True
     unit = "us"
 
-    def __init__(self, seed: int = 0, compile_facts: bool = False, max_iter: int = 200,
-                 relative: bool = False) -> None:
+    def __init__(self, seed: int = 0, compile_facts: bool = False, max_iter: int = 400,
+                 relative: bool = True, learning_rate: float = 0.05) -> None:
         self.seed = seed
         self.compile_facts = compile_facts
         self.max_iter = max_iter
-        # relative: learn each configuration's time relative to its shape's mean (log), so the
-        # trees spend themselves on what ranks configurations, not on how big a shape is
+        self.learning_rate = learning_rate
+        # relative (the default): learn each configuration's time relative to its shape's mean
+        # (log), so the trees spend themselves on what ranks configurations, not on how big a
+        # shape is; the shape's level comes back from the roofline estimate.  Otherwise the
+        # absolute log time (``learned_abs``).
         self.relative = relative
         self._bias = 0.0
-        if compile_facts:
-            self.name = "learned_c"
-        if relative:
-            self.name += "_rel"
+        self.name = "learned_c" if compile_facts else "learned"
+        if not relative:
+            self.name += "_abs"
         self._model: Any = None
         self._columns: list[str] = []
         self._categories: dict[str, dict[str, int]] = {}
@@ -144,7 +146,7 @@ class LearnedPrior:
             return
         model = HistGradientBoostingRegressor(
             max_iter=self.max_iter,
-            learning_rate=0.1,
+            learning_rate=self.learning_rate,
             min_samples_leaf=min(20, max(2, len(rows) // 20)),
             l2_regularization=1e-3,
             categorical_features=[c in self._categories for c in self._columns] or None,
