@@ -75,6 +75,8 @@ def main() -> int:
     pts = [p for s in ("own", "tail") for p in pool.points(s, args.kind)]
     sample = pts[:: max(1, len(pts) // args.points)][: args.points]
     cc = compute_capability()
+    if cc is None:
+        raise SystemExit("NVML gave no compute capability: run this on the GPU box")
     print(f"{card.name}: compute capability {cc}; {len(sample)} {args.kind} points over "
           f"{len({p.shape_id for p in sample})} shapes; {args.workers} compile processes")
     tmp = Path(tempfile.mkdtemp(prefix="pool-start-"))
@@ -106,7 +108,7 @@ def main() -> int:
         results[name] = {"first_s": min(landed), "last_s": max(landed),
                          "median_compile_s": statistics.median(comp) if comp else None,
                          "worst_compile_s": max(comp) if comp else None, "errors": len(errors)}
-        print(f"{name:12} first answer {min(landed):6.2f}s, last {max(landed):6.2f}s after the "
+        print(f"{name:12} first answer {min(landed):6.2f}s, all in {max(landed):6.2f}s after the "
               f"pool's creation; compile median {results[name]['median_compile_s']:.2f}s, worst "
               f"{results[name]['worst_compile_s']:.2f}s; errors {len(errors)}"
               + (f" (e.g. {errors[0][:160]})" if errors else ""), flush=True)
