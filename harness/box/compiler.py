@@ -84,9 +84,6 @@ def compile_point(kind_name: str, shape: dict[str, Any], knobs: dict[str, Any]) 
     return {"compile_s": round(time.perf_counter() - t0, 4)}
 
 
-_TARGET: Any = None  # the GPUTarget pool processes compile for, when the pool was given one
-
-
 class _CompileOnlyDriver:
     """What ``JITFunction.run(..., warmup=True)`` asks of Triton's driver (the device, its stream
     and the target), answered without CUDA: a pool process given the target never starts the
@@ -110,7 +107,6 @@ def _warm(target: tuple[str, int, int] | None = None) -> None:
     """Pool process start: yield the CPU to the bench worker (whose launches are timed), import
     torch and triton once, before the first point arrives, and, given the target
     (``("cuda", 90, 32)``), compile for it without CUDA."""
-    global _TARGET
     with contextlib.suppress(OSError):
         os.nice(10)
     import torch  # noqa: F401
@@ -121,8 +117,7 @@ def _warm(target: tuple[str, int, int] | None = None) -> None:
             from triton.backends.compiler import GPUTarget
             from triton.runtime import driver
 
-            _TARGET = GPUTarget(*target)
-            driver.set_active(_CompileOnlyDriver(_TARGET))
+            driver.set_active(_CompileOnlyDriver(GPUTarget(*target)))
 
 
 def _warm_compile() -> None:
