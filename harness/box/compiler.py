@@ -87,8 +87,8 @@ def compile_point(kind_name: str, shape: dict[str, Any], knobs: dict[str, Any]) 
 class _CompileOnlyDriver:
     """What ``JITFunction.run(..., warmup=True)`` asks of Triton's driver (the device, its stream
     and the target), answered without CUDA: a pool process given the target never starts the
-    CUDA runtime, so a dozen of them do not queue for the driver at a job's start.  Anything
-    else Triton asks of it raises, and that point is compiled by the bench worker instead."""
+    CUDA runtime.  Anything else Triton asks of it raises, and that point is compiled by the
+    bench worker instead."""
 
     def __init__(self, target: Any) -> None:
         self.target = target

@@ -518,8 +518,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                "worker_restarts": worker.restarts,
                "compile_workers": n_compile,
                # what the pool compiled for without asking CUDA (None: Triton asked the GPU)
-               "compile_target": (list(getattr(compile_pool, "target", None) or []) or None)
-               if compile_pool is not None else None,
+               "compile_target": list(t) if (t := getattr(compile_pool, "target", None)) else None,
                "compile_pool_broken": getattr(compile_pool, "broken", None),
                "compiled_ahead": int(times["compiled_ahead"]),
                "remeasured": int(times["remeasured"]),
