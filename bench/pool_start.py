@@ -82,7 +82,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="pool-start-"))
     seeded = tmp / "seed"
     env = dict(os.environ, TRITON_CACHE_DIR=str(seeded))
-    subprocess.run([sys.executable, "-c", SEED], env=env, check=True)
+    seed_py = tmp / "seed_kernel.py"  # Triton reads a jit function's source from its file
+    seed_py.write_text(SEED)
+    subprocess.run([sys.executable, str(seed_py)], env=env, check=True)
     registry.get(args.kind)  # imported here, not timed
     variants = [("cold", False, None), ("warm", True, None), ("warm+target", True, ("cuda", cc, 32))]
     results = {}
