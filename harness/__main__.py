@@ -5,18 +5,15 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.store import (
     NodeStore,
-    RowsFileWarning,
     StoreError,
     default_db_path,
     format_receipt,
-    read_rows_file,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -37,8 +34,10 @@ def _add_merge(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "merge",
         help="merge box rows files (JSON lines) into the node DB in one transaction",
-        description="Merge measured rows into the node table (all rows or none), back the DB "
-        "up, and print how many node rows each card now has.",
+        description="Merge measured rows into the node table in one transaction, back the DB "
+        "up, and print how many node rows each card now has.  A line that cannot become a row "
+        "is set aside with its reason in a rejected-rows file and the others merge; the exit "
+        "status is then 1.",
     )
     p.add_argument("rows_files", nargs="+", type=Path, metavar="ROWS.jsonl")
     p.add_argument(
@@ -50,27 +49,48 @@ def _add_merge(subparsers: Any) -> None:
     p.add_argument(
         "--no-backup", action="store_true", help="skip the VACUUM INTO backup after the merge"
     )
+    p.add_argument(
+        "--rejected",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="where rows that cannot be merged are set aside with their reasons (default: "
+        "$EMMY_STATE_DIR/rejected/rejected-<time>.jsonl, ~/.cache/emmy/node-collect by default)",
+    )
     p.set_defaults(func=_cmd_merge)
 
 
+def rows_source(path: Path) -> str | None:
+    """How ``merged_file`` names a rows file of a run (``<run_id>/<name>``), None otherwise."""
+    return f"{path.parent.name}/{path.name}" if path.parent.name.startswith("bench-") else None
+
+
+def default_rejected_path() -> Path:
+    import os
+    import time
+
+    state = Path(os.environ.get("EMMY_STATE_DIR", "~/.cache/emmy/node-collect")).expanduser()
+    return state / "rejected" / f"rejected-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
+    from harness.rows import RejectedRows
+    from harness.store import RowsFile
+
     for path in args.rows_files:
         if not path.exists():
             raise CommandError(f"rows file not found: {path}", EXIT_USAGE)
         if not path.is_file():
             raise CommandError(f"rows file is not a file: {path}", EXIT_USAGE)
-    rows: list[dict[str, Any]] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RowsFileWarning)
-        for path in args.rows_files:
-            rows.extend(read_rows_file(path)[0])
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+    if args.rejected is not None and args.rejected.is_dir():
+        raise CommandError(f"--rejected {args.rejected}: is a directory; give a file", EXIT_USAGE)
     db_path = args.db if args.db is not None else default_db_path()
+    rejected = RejectedRows(args.rejected or default_rejected_path())
+    files = [RowsFile(p, rows_source(p.resolve())) for p in args.rows_files]
     with NodeStore(db_path) as store:
         try:
-            receipt = store.merge(rows)
-        except sqlite3.Error as e:
+            receipt = store.merge_files(files, rejected)
+        except (sqlite3.Error, OSError) as e:
             raise CommandError(f"node DB {store.path}: {e}; nothing was merged") from e
         print(format_receipt(receipt))
         print(f"db: {store.path}")
@@ -84,7 +104,16 @@ def _cmd_merge(args: argparse.Namespace) -> int:
                 print(f"backup: {store.backup()}")
             except (OSError, sqlite3.Error, StoreError) as e:
                 print(f"warning: backup failed: {e}", file=sys.stderr)
+    if receipt.rejected:
+        print(f"error: {rejected_line(receipt)}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
+
+
+def rejected_line(receipt: Any) -> str:
+    """The one line that says rows were set aside, where, and the first reason."""
+    return (f"rejected {receipt.rejected} row(s) that cannot be merged; they are set aside with "
+            f"their reasons in {receipt.rejected_file} (first: {receipt.first_rejected})")
 
 
 # ---------------------------------------------------------------- dispatch
@@ -245,6 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StoreError, sqlite3.Error) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as e:
+        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted: a merge not committed is rolled back; nothing was merged by it",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

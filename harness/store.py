@@ -1,15 +1,21 @@
-"""The node table: the cross-hardware SQLite store that measured rows are merged into."""
+"""The node table: the cross-hardware SQLite store that measured rows are merged into.
+
+One file holds every card (``gpu`` is part of the node key).  Writes are explicit
+``BEGIN IMMEDIATE … COMMIT`` transactions: a merge is all its rows or none.  Besides ``node``
+the file holds ``node_measurement`` (which measurements each node absorbed, so merging the same
+rows again changes nothing), ``merged_file`` (which rows files, up to which byte, reached this
+DB: what a run still has to bring home is what is not in it) and ``meta`` (schema version and
+the DB's own id, which runs and ledgers name to say which node table they belong to).
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
 import re
 import sqlite3
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,31 +25,57 @@ from typing import Any
 
 import sqlite_utils
 
+from harness.rows import (
+    FAIL_VALUE_US,
+    FEAT_VER,
+    NODE_FIELDS,
+    REGIMES,
+    REQUIRED_ROW_KEYS,
+    STATUSES,
+    RejectedRows,
+    RowError,
+    check_lines,
+    digest,
+    iso,
+    node_values,
+    raw_lines,
+    read_rows_file,
+    row_to_node,
+    utcnow,
+    when,
+)
+
+__all__ = [
+    "COLUMN_NAMES",
+    "FAIL_VALUE_US",
+    "FEAT_VER",
+    "REGIMES",
+    "REQUIRED_ROW_KEYS",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "MergeReceipt",
+    "NodeStore",
+    "RowError",
+    "RowsFile",
+    "StoreError",
+    "check_db",
+    "default_db_path",
+    "digest",
+    "format_receipt",
+    "read_rows_file",
+    "row_to_node",
+    "upsert_decision",
+]
+
 SCHEMA_VERSION = 1
 """The newest node-table layout this code knows; bump it with a migration step."""
 
-FAIL_VALUE_US = 1e9
-"""value_us of a row whose status is not ok: sorts after every real measurement."""
-
-FEAT_VER = 1
-"""Featurizer version stamped on rows that do not carry their own ``feat_ver``."""
-
 BUSY_TIMEOUT_MS = 30_000
 BACKUP_GLOB = "autotune-*.db"
-
-REQUIRED_ROW_KEYS = (
-    "point_key",
-    "gpu",
-    "regime",
-    "kind",
-    "shape_id",
-    "spec",
-    "status",
-    "measured_at",
-    "cc",
-)
-REGIMES = ("deployable", "interpret")
-STATUSES = ("ok", "bench_fail", "timeout", "error", "crash")
+CHUNK = 500  # rows looked up and written together: memory stays flat, lookups stay few
+_utcnow = utcnow
+_iso = iso
+_when = when
 
 # (name, SQL type, NOT NULL, default SQL literal or None); order is the table's column order.
 NODE_COLUMNS: tuple[tuple[str, str, bool, str | None], ...] = (
@@ -80,6 +112,7 @@ NODE_COLUMNS: tuple[tuple[str, str, bool, str | None], ...] = (
     ("provenance", "TEXT", False, None),
 )
 COLUMN_NAMES = tuple(c[0] for c in NODE_COLUMNS)
+assert COLUMN_NAMES == NODE_FIELDS, "harness.rows.NODE_FIELDS must follow the table's columns"
 NODE_INDEXES = {
     "node_gpu": ("gpu",),
     "node_op": ("context_key", "op_sig"),
@@ -107,18 +140,44 @@ _REPLACED = (
 )
 # Columns fixed by the node key: filled in when a legacy row lacks them, never overwritten.
 _IDENTITY = ("regime", "kind", "shape_id", "spec", "point_key")
+# What an upsert decision reads of the stored row.
+_DECISION_COLUMNS = "node_key, measured_at, run_id, status, is_leaf, n_samples, variance, value_us"
+_KEY, _RUN_ID, _MEASURED_AT = (
+    COLUMN_NAMES.index("node_key"), COLUMN_NAMES.index("run_id"), COLUMN_NAMES.index("measured_at")
+)
+_MARK_SQL = "INSERT OR IGNORE INTO node_measurement VALUES (?, ?, ?)"
+_INSERT_SQL = (
+    f"INSERT INTO node ({', '.join(COLUMN_NAMES)}) VALUES ({', '.join('?' * len(COLUMN_NAMES))})"
+)
+_COMMON_SETS = [
+    "visits = COALESCE(visits, 0) + :visits",
+    "n_updates = COALESCE(n_updates, 1) + 1",
+    "updated_at = :updated_at",
+    *(f"{c} = COALESCE({c}, :{c})" for c in _IDENTITY),
+]
+_KEEP_SQL = (
+    f"UPDATE node SET {', '.join([*_COMMON_SETS, 'shape_spec = COALESCE(shape_spec, :shape_spec)'])} "
+    "WHERE node_key = :node_key"
+)
+_REPLACE_SQL = (
+    "UPDATE node SET "
+    + ", ".join([*_COMMON_SETS, *(f"{c} = :{c}" for c in _REPLACED),
+                 "shape_spec = COALESCE(:shape_spec, shape_spec)"])
+    + " WHERE node_key = :node_key"
+)
 
 
 class StoreError(Exception):
     """The node table cannot be opened or written as asked."""
 
 
-class RowError(StoreError, ValueError):
-    """A measured row cannot become a node (missing keys or impossible values)."""
+@dataclass(frozen=True)
+class RowsFile:
+    """A rows file to merge.  ``source`` names it for ``merged_file`` (``<run_id>/<name>``);
+    None for a file that is only merged, not recorded."""
 
-
-class RowsFileWarning(UserWarning):
-    """A rows file had lines that could not be read; the whole lines were still used."""
+    path: Path
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,138 +191,34 @@ class MergeReceipt:
     duplicates: int = 0
     per_card: dict[str, int] = field(default_factory=dict)
     per_card_regime: dict[str, dict[str, int]] = field(default_factory=dict)
+    rejected: int = 0  # lines set aside, never merged
+    rejected_file: Path | None = None
+    first_rejected: str | None = None
+    rejected_reasons: dict[str, int] = field(default_factory=dict)
+    files: int = 0
 
     @property
     def changed(self) -> bool:
         """Whether the merge wrote anything (duplicates write nothing)."""
         return bool(self.inserted or self.replaced or self.kept)
 
-
-# ---------------------------------------------------------------- pure: keys and rows
-
-
-def digest(*parts: Any) -> str:
-    """Stable 24-hex-digit key of JSON-able parts (the node table's key function)."""
-    blob = json.dumps(list(parts), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha1(blob.encode()).hexdigest()[:24]
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    def __add__(self, other: MergeReceipt) -> MergeReceipt:
+        reasons = dict(self.rejected_reasons)
+        for k, v in other.rejected_reasons.items():
+            reasons[k] = reasons.get(k, 0) + v
+        return MergeReceipt(
+            rows_read=self.rows_read + other.rows_read, inserted=self.inserted + other.inserted,
+            replaced=self.replaced + other.replaced, kept=self.kept + other.kept,
+            duplicates=self.duplicates + other.duplicates,
+            per_card=other.per_card or self.per_card,
+            per_card_regime=other.per_card_regime or self.per_card_regime,
+            rejected=self.rejected + other.rejected,
+            rejected_file=other.rejected_file or self.rejected_file,
+            first_rejected=self.first_rejected or other.first_rejected,
+            rejected_reasons=reasons, files=self.files + other.files)
 
 
-def _when(stamp: Any) -> datetime | None:
-    """A measured_at string as an aware UTC time; None (older than anything) if absent or unreadable."""
-    if not isinstance(stamp, str) or not stamp:
-        return None
-    try:
-        moment = datetime.fromisoformat(stamp)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, sort_keys=True)
-
-
-def _shape_facts(row: Mapping[str, Any], features: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    facts = sorted((k, v) for k, v in features.items() if k.startswith("S_"))
-    if facts:
-        return facts
-    # A failed row may come without features; its shape still tells shapes apart.
-    shape = row.get("shape") or {}
-    return sorted((f"S_{k}", v) for k, v in shape.items())
-
-
-def row_to_node(row: Mapping[str, Any], *, now: str | None = None) -> dict[str, Any]:
-    """Turn one measured row (the box's JSON line) into a node-table row; pure apart from ``now``."""
-    missing = [k for k in REQUIRED_ROW_KEYS if row.get(k) is None]
-    where = f"row {row.get('point_key')!r}" if row.get("point_key") else "row"
-    if missing:
-        raise RowError(
-            f"{where} is missing required keys: {', '.join(missing)} "
-            f"(every row needs {', '.join(REQUIRED_ROW_KEYS)})"
-        )
-    regime, status = row["regime"], row["status"]
-    if regime not in REGIMES:
-        raise RowError(f"{where} has regime {regime!r}; valid regimes: {', '.join(REGIMES)}")
-    if status not in STATUSES:
-        raise RowError(f"{where} has status {status!r}; valid statuses: {', '.join(STATUSES)}")
-    cc = row["cc"]
-    if not isinstance(cc, (list, tuple)) or len(cc) != 2:
-        raise RowError(f"{where} has cc {cc!r}; expected [major, minor], e.g. [9, 0]")
-    if _when(row["measured_at"]) is None:
-        raise RowError(
-            f"{where} has measured_at {row['measured_at']!r}; expected an ISO-8601 time "
-            "such as 2026-12-02T11:22:33.123456Z"
-        )
-    value = row.get("value_us")
-    if status == "ok":
-        if (
-            not isinstance(value, (int, float))
-            or isinstance(value, bool)
-            or not math.isfinite(value)
-        ):
-            raise RowError(
-                f"{where} has status 'ok' but value_us {value!r}; expected a finite number"
-            )
-        value_us = float(value)
-    else:
-        value_us = FAIL_VALUE_US
-    features = dict(row.get("features") or {})
-    facts = _shape_facts(row, features)
-    if not facts:
-        raise RowError(
-            f"{where} has no S_* shape facts in features and no shape; its op_sig could not "
-            "tell shapes apart"
-        )
-    kind, gpu, spec = row["kind"], row["gpu"], row["spec"]
-    context_key = digest("Context", f"{cc[0]}.{cc[1]}", regime)
-    op_sig = digest("op", kind, facts)
-    shape = row.get("shape")
-    node = {
-        "node_key": digest(context_key, gpu, op_sig, spec),
-        "parent_key": None,
-        "context_key": context_key,
-        "op_sig": op_sig,
-        "gpu": gpu,
-        "features": json.dumps(features, sort_keys=True),
-        "value_us": value_us,
-        "depth": 0,
-        "n_updates": 1,
-        "updated_at": now or _iso(_utcnow()),
-        "visits": 1,
-        "is_leaf": 1,
-        "variance": row.get("variance"),
-        "n_samples": row.get("n_samples"),
-        "status": status,
-        "run_id": row.get("run_id") or "",
-        "measured_at": row["measured_at"],
-        "feat_ver": row.get("feat_ver") or FEAT_VER,
-        "shape_spec": None
-        if shape is None
-        else json.dumps({"kind": kind, **shape}, sort_keys=True),
-        "regime": regime,
-        "kind": kind,
-        "shape_id": row["shape_id"],
-        "spec": spec,
-        "slice": row.get("slice"),
-        "point_key": row["point_key"],
-        "ref_us": row.get("ref_us"),
-        "error": row.get("error"),
-        "compile_s": row.get("compile_s"),
-        "bench_s": row.get("bench_s"),
-        "provenance": _json(row.get("provenance")),
-    }
-    assert tuple(node) == COLUMN_NAMES
-    return node
+# ---------------------------------------------------------------- upsert rules
 
 
 def _unambiguously_worse(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
@@ -325,34 +280,6 @@ def _create_private_file(path: Path) -> bool:
     os.close(fd)
     os.chmod(path, 0o600)  # the umask may have narrowed it; never widened
     return True
-
-
-def read_rows_file(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
-    """Read a box rows file (JSON lines); corrupt or truncated lines are skipped, counted, warned about."""
-    path = Path(path)
-    rows: list[dict[str, Any]] = []
-    n_bad, first_bad = 0, 0
-    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            row = None
-        if not isinstance(row, dict):
-            n_bad += 1
-            first_bad = first_bad or lineno
-            continue
-        rows.append(row)
-    if n_bad:
-        warnings.warn(
-            RowsFileWarning(
-                f"{path}: skipped {n_bad} corrupt or truncated line(s), first at line {first_bad}; "
-                f"merging the {len(rows)} whole row(s)"
-            ),
-            stacklevel=2,
-        )
-    return rows, n_bad
 
 
 def _newer_schema(path: Path, version: int) -> str:
@@ -450,8 +377,14 @@ class NodeStore:
         self._clock = clock
         if self.path.is_dir():
             raise StoreError(f"node DB path {self.path} is a directory; give a file path")
-        make_private_dirs(self.path.parent)
-        _create_private_file(self.path)
+        try:
+            make_private_dirs(self.path.parent)
+            _create_private_file(self.path)
+        except OSError as e:
+            raise StoreError(
+                f"cannot create node DB {self.path}: {e.strerror or e}; give a --db on a "
+                "writable file system (or make this one writable)"
+            ) from None
         try:
             self._conn = sqlite3.connect(
                 self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
@@ -460,6 +393,7 @@ class NodeStore:
             raise StoreError(f"cannot open node DB {self.path}: {e}") from e
         try:
             self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self._conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: big merges stay in memory
             self.db = sqlite_utils.Database(self._conn, execute_plugins=False)
             self._ensure_schema()  # first: a refused (newer) DB is left untouched
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -546,7 +480,15 @@ class NodeStore:
                 "node_key TEXT NOT NULL, run_id TEXT NOT NULL, measured_at TEXT NOT NULL, "
                 "PRIMARY KEY (node_key, run_id, measured_at)) WITHOUT ROWID"
             )
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS merged_file ("
+                "source TEXT PRIMARY KEY, bytes INTEGER NOT NULL, rows INTEGER NOT NULL, "
+                "rejected INTEGER NOT NULL, merged_at TEXT NOT NULL)"
+            )
             self._conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            self._conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('db_id', ?)", (uuid.uuid4().hex,)
+            )
             if version != SCHEMA_VERSION:
                 self._conn.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
@@ -555,23 +497,106 @@ class NodeStore:
 
     # ---- writing
 
+    @property
+    def db_id(self) -> str:
+        """This node table's own id (made when the file is first opened, kept by its backups):
+        runs and ledgers name it to say which node table they belong to."""
+        return str(self._conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()[0])
+
     def merge(self, rows: Iterable[Mapping[str, Any]]) -> MergeReceipt:
-        """Upsert measured rows in one transaction: all of them or, on any error, none."""
-        now = _iso(self._clock())
-        tally = {"insert": 0, "replace": 0, "keep": 0, "duplicate": 0}
-        n = 0
-        with self._transaction() as conn:
+        """Upsert measured rows in one transaction: all of them or, on any error, none.
+
+        A row that cannot become a node raises :class:`RowError` (nothing merged); to set such
+        rows aside and merge the rest, use :meth:`merge_files`."""
+        now_t = self._clock()
+        now = iso(now_t)
+        count = [0]
+
+        def nodes() -> Iterator[tuple[Any, ...]]:
             for n, row in enumerate(rows, start=1):
+                count[0] = n
                 try:
-                    new = row_to_node(row, now=now)
+                    yield node_values(row, now, now_t)
                 except RowError as e:
                     raise RowError(f"row {n} of this merge: {e}; nothing was merged") from e
-                tally[self._upsert(conn, new)] += 1
-            per_card_regime: dict[str, dict[str, int]] = {}
-            for gpu, regime, count in conn.execute(
-                "SELECT gpu, regime, COUNT(*) FROM node GROUP BY gpu, regime"
-            ):
-                per_card_regime.setdefault(gpu, {})[regime] = count
+
+        with self._transaction() as conn:
+            tally = self._upsert_all(conn, nodes())
+            per_card_regime = self._per_card_regime(conn)
+        return self._receipt(count[0], tally, per_card_regime)
+
+    def merge_files(
+        self, files: Sequence[RowsFile], rejected: RejectedRows | None = None
+    ) -> MergeReceipt:
+        """Merge rows files in one transaction, streaming (constant memory whatever their size).
+
+        Every line is checked before it reaches the transaction: one that cannot become a node
+        (not JSON, wrong types, impossible values) is set aside in ``rejected`` with its reason
+        and the others merge (without ``rejected``, such a line raises :class:`RowError` and
+        nothing is merged).  A file with a ``source`` is recorded in ``merged_file`` (its size
+        and counts) in the same transaction, so what reached this DB is known exactly.  Large
+        files are parsed and checked by helper processes while this one writes."""
+        now_t = self._clock()
+        now = iso(now_t)
+        totals = {"rows": 0}
+        big = sum(f.path.stat().st_size for f in files) >= PARALLEL_BYTES
+        pool = _parse_pool() if big else None
+        try:
+            with self._transaction() as conn:
+                tally: dict[str, int] = {"insert": 0, "replace": 0, "keep": 0, "duplicate": 0}
+                for f in files:
+                    size = f.path.stat().st_size
+                    counts = {"rows": 0, "rejected": 0}
+
+                    def reject(lineno: int, raw: bytes, reason: str, f: RowsFile = f,
+                               counts: dict[str, int] = counts) -> None:
+                        counts["rejected"] += 1
+                        if rejected is None:
+                            raise RowError(f"{f.path}:{lineno}: {reason}; nothing was merged")
+                        rejected.add(str(f.path), lineno, raw, reason)
+
+                    nodes = _checked_nodes(f.path, now, now_t, reject, counts, pool)
+                    for k, v in self._upsert_all(conn, nodes).items():
+                        tally[k] += v
+                    totals["rows"] += counts["rows"]
+                    if f.source is not None:
+                        conn.execute(
+                            "INSERT OR REPLACE INTO merged_file VALUES (?, ?, ?, ?, ?)",
+                            (f.source, size, counts["rows"], counts["rejected"], now),
+                        )
+                per_card_regime = self._per_card_regime(conn)
+        except BaseException:
+            if rejected is not None:
+                rejected.discard()
+            raise
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+        rejected_file = rejected.commit() if rejected is not None else None
+        receipt = self._receipt(totals["rows"], tally, per_card_regime)
+        return MergeReceipt(
+            **{**receipt.__dict__, "files": len(files),
+               "rejected": rejected.count if rejected else 0, "rejected_file": rejected_file,
+               "first_rejected": rejected.first if rejected else None,
+               "rejected_reasons": dict(rejected.reasons) if rejected else {}}
+        )
+
+    def merged_files(self) -> dict[str, int]:
+        """source → bytes of every rows file recorded as merged into this DB."""
+        return dict(self._conn.execute("SELECT source, bytes FROM merged_file"))
+
+    @staticmethod
+    def _per_card_regime(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for gpu, regime, count in conn.execute(
+            "SELECT gpu, regime, COUNT(*) FROM node GROUP BY gpu, regime"
+        ):
+            out.setdefault(gpu, {})[regime] = count
+        return out
+
+    @staticmethod
+    def _receipt(n: int, tally: Mapping[str, int], per_card_regime: dict[str, dict[str, int]]
+                 ) -> MergeReceipt:
         return MergeReceipt(
             rows_read=n,
             inserted=tally["insert"],
@@ -582,48 +607,102 @@ class NodeStore:
             per_card_regime=per_card_regime,
         )
 
-    def _upsert(self, conn: sqlite3.Connection, new: dict[str, Any]) -> str:
-        key = new["node_key"]
-        cur = conn.execute("SELECT * FROM node WHERE node_key = ?", (key,))
-        found = cur.fetchone()
-        old = (
-            None
-            if found is None
-            else dict(zip([d[0] for d in cur.description], found, strict=True))
-        )
-        measurement = (key, new["run_id"], new["measured_at"])
-        if (
-            old is not None
-            and conn.execute(
-                "SELECT 1 FROM node_measurement WHERE node_key = ? AND run_id = ? AND measured_at = ?",
-                measurement,
-            ).fetchone()
-        ):
-            return "duplicate"
-        decision = upsert_decision(old, new)
-        if decision == "duplicate":
-            return decision
-        if decision == "insert":
-            conn.execute(
-                f"INSERT INTO node ({', '.join(COLUMN_NAMES)}) "
-                f"VALUES ({', '.join('?' * len(COLUMN_NAMES))})",
-                [new[c] for c in COLUMN_NAMES],
-            )
-        else:
-            sets = [
-                "visits = COALESCE(visits, 0) + :visits",
-                "n_updates = COALESCE(n_updates, 1) + 1",
-                "updated_at = :updated_at",
-                *(f"{c} = COALESCE({c}, :{c})" for c in _IDENTITY),
-            ]
-            if decision == "replace":
-                sets += [f"{c} = :{c}" for c in _REPLACED]
-                sets.append("shape_spec = COALESCE(:shape_spec, shape_spec)")
-            else:
-                sets.append("shape_spec = COALESCE(shape_spec, :shape_spec)")
-            conn.execute(f"UPDATE node SET {', '.join(sets)} WHERE node_key = :node_key", new)
-        conn.execute("INSERT OR IGNORE INTO node_measurement VALUES (?, ?, ?)", measurement)
-        return decision
+    def _upsert_all(self, conn: sqlite3.Connection, nodes: Iterable[tuple[Any, ...]]
+                    ) -> dict[str, int]:
+        """Upsert node values (:data:`NODE_FIELDS` order) chunk by chunk inside the open
+        transaction; the tally of decisions."""
+        tally = {"insert": 0, "replace": 0, "keep": 0, "duplicate": 0}
+        chunk: list[tuple[Any, ...]] = []
+        for node in nodes:
+            chunk.append(node)
+            if len(chunk) >= CHUNK:
+                self._upsert_chunk(conn, chunk, tally)
+                chunk = []
+        if chunk:
+            self._upsert_chunk(conn, chunk, tally)
+        return tally
+
+    def _upsert_chunk(self, conn: sqlite3.Connection, chunk: list[tuple[Any, ...]],
+                      tally: dict[str, int]) -> None:
+        """One chunk: two lookups for all its keys, then the writes batched by kind.  A key seen
+        twice in the chunk flushes the batches and is looked up again, so each row is decided
+        against what the DB holds at that moment, exactly as one row at a time would be.
+
+        ``node_measurement`` records the measurements a node absorbed besides its current one
+        (which the node row itself names): a fresh insert writes nothing there."""
+        keys = list({n[_KEY] for n in chunk})
+        existing, measured = self._lookup(conn, keys)
+        touched: set[str] = set()
+        inserts: list[tuple[Any, ...]] = []
+        keeps: list[dict[str, Any]] = []
+        replaces: list[dict[str, Any]] = []
+        marks: list[tuple[str, str, str]] = []
+
+        def flush() -> None:
+            for sql, batch in ((_INSERT_SQL, inserts), (_KEEP_SQL, keeps),
+                               (_REPLACE_SQL, replaces), (_MARK_SQL, marks)):
+                if batch:
+                    conn.executemany(sql, batch)
+                    batch.clear()
+
+        for values in chunk:
+            key = values[_KEY]
+            if key in touched:  # seen earlier in this chunk: decide against the DB as it is now
+                flush()
+                again, again_measured = self._lookup(conn, list(touched))
+                existing.update(again)
+                measured |= again_measured
+                touched.clear()
+            old = existing.get(key)
+            measurement = (key, values[_RUN_ID] or "", values[_MEASURED_AT])
+            if old is None:
+                tally["insert"] += 1
+                inserts.append(values)
+                touched.add(key)
+                continue
+            if measurement in measured:
+                tally["duplicate"] += 1
+                continue
+            new = dict(zip(COLUMN_NAMES, values, strict=True))
+            decision = upsert_decision(old, new)
+            tally[decision] += 1
+            if decision == "duplicate":
+                continue
+            (replaces if decision == "replace" else keeps).append(new)
+            marks.append((key, old.get("run_id") or "", old.get("measured_at") or ""))
+            marks.append(measurement)
+            measured.add(measurement)
+            touched.add(key)
+        flush()
+
+    @staticmethod
+    def _lookup(conn: sqlite3.Connection, keys: list[str]
+                ) -> tuple[dict[str, dict[str, Any]], set[tuple[str, str, str]]]:
+        marks = ",".join("?" * len(keys))
+        cur = conn.execute(f"SELECT {_DECISION_COLUMNS} FROM node WHERE node_key IN ({marks})", keys)
+        names = [d[0] for d in cur.description]
+        existing = {r[0]: dict(zip(names, r, strict=True)) for r in cur}
+        if not existing:  # measurements are recorded only for nodes that exist
+            return existing, set()
+        found = list(existing)
+        measured = set(conn.execute(
+            "SELECT node_key, run_id, measured_at FROM node_measurement WHERE node_key IN "
+            f"({','.join('?' * len(found))})", found))
+        return existing, measured
+
+    def ledger_records(self, gpus: Iterable[str] | None = None
+                       ) -> Iterator[tuple[str, str, str, str, int, str | None]]:
+        """(point_key, spec, regime, status, visits, error) of every measured leaf: what a
+        ledger bound to this DB may call done (or tried)."""
+        sql = ("SELECT point_key, spec, regime, status, visits, error FROM node "
+               "WHERE point_key IS NOT NULL AND spec IS NOT NULL AND regime IS NOT NULL "
+               "AND COALESCE(is_leaf, 1) = 1")
+        args: list[str] = []
+        if gpus is not None:
+            gpus = list(gpus)
+            sql += f" AND gpu IN ({','.join('?' * len(gpus))})"
+            args = gpus
+        yield from self._conn.execute(sql, args)
 
     # ---- reading
 
@@ -714,3 +793,74 @@ def _backup_age(path: Path) -> tuple[str, int, float]:
             stat_time,
         )
     return (m.group(1), int(m.group(2) or 1), stat_time)
+
+
+# ---------------------------------------------------------------- reading rows files
+
+PARALLEL_BYTES = 8 << 20
+"""Rows files at least this large (together) are parsed by helper processes."""
+LINES_PER_TASK = 2000
+
+
+def _parse_pool() -> Any:
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = int(os.environ.get("EMMY_MERGE_WORKERS", 0)) or max(1, min(4, cpus or 1))
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+
+
+def _checked_nodes(path: Path, now: str, at: datetime,
+                   reject: Callable[[int, bytes, str], None], counts: dict[str, int],
+                   pool: Any) -> Iterator[tuple[Any, ...]]:
+    """The node values of every good line of ``path``, in file order; each bad line goes to
+    ``reject``.  With ``pool``, chunks of lines are checked in helper processes, a bounded
+    number in flight (memory stays flat)."""
+    from collections import deque
+
+    with open(path, "rb") as fh:
+        if pool is None:
+            chunk: list[tuple[int, bytes]] = []
+            for lineno, raw, reason in raw_lines(fh):
+                counts["rows"] += 1
+                if reason is not None:
+                    reject(lineno, raw, reason)
+                    continue
+                chunk.append((lineno, raw))
+                if len(chunk) >= CHUNK:
+                    yield from _settle(check_lines(chunk, now, at), reject)
+                    chunk = []
+            if chunk:
+                yield from _settle(check_lines(chunk, now, at), reject)
+            return
+        in_flight: deque[Any] = deque()
+        chunk = []
+        window = 2 * pool._max_workers + 2
+        for lineno, raw, reason in raw_lines(fh):
+            counts["rows"] += 1
+            if reason is not None:
+                in_flight.append(((), [(lineno, raw, reason)]))  # in order with the rest
+            else:
+                chunk.append((lineno, raw))
+            if len(chunk) >= LINES_PER_TASK:
+                in_flight.append(pool.submit(check_lines, chunk, now, at))
+                chunk = []
+                while len(in_flight) > window:
+                    yield from _settle(_result(in_flight.popleft()), reject)
+        if chunk:
+            in_flight.append(pool.submit(check_lines, chunk, now, at))
+        while in_flight:
+            yield from _settle(_result(in_flight.popleft()), reject)
+
+
+def _result(item: Any) -> Any:
+    return item if isinstance(item, tuple) else item.result()
+
+
+def _settle(checked: tuple[Any, Any], reject: Callable[[int, bytes, str], None]
+            ) -> Iterator[tuple[Any, ...]]:
+    nodes, rejects = checked
+    for lineno, raw, reason in rejects:
+        reject(lineno, raw, reason)
+    yield from nodes

@@ -34,6 +34,7 @@ from harness.boxctl import BoxDriver, BoxError
 from harness.ledger import Ledger
 from harness.remote.tmux import SWEEP_SESSION, Tmux
 from harness.remote.transport import LocalTransport
+from harness.points import point_key
 from harness.store import NodeStore, digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ def row(i: int, **over: Any) -> dict[str, Any]:
     spec = "BLOCK_K=64,BLOCK_M=128,BLOCK_N=128,num_stages=3,num_warps=4"
     shape_id = f"matmul_M{m}_N4096_K4096_bf16"
     out = {
-        "point_key": f"{GPU}|{shape_id}|{digest(spec)[:16]}", "gpu": GPU, "regime": "deployable",
+        "point_key": point_key(GPU, shape_id, spec), "gpu": GPU, "regime": "deployable",
         "kind": "matmul", "shape_id": shape_id, "shape": {"M": m, "N": 4096, "K": 4096, "dtype": "bf16"},
         "spec": spec, "slice": "tail", "status": "ok", "value_us": 10.0 + i % 97, "variance": 0.01,
         "n_samples": 20, "features": {"S_M": m, "S_N": 4096, "S_K": 4096, "BLOCK_M": 128},

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from harness.points import point_key
 from harness.store import digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +185,7 @@ def test_not_a_job():
 def _row(i: int, status: str = "ok") -> dict[str, Any]:
     spec = f"BLOCK_K=64,BLOCK_M=128,BLOCK_N={64 * (i + 1)},num_stages=3,num_warps=4"
     shape_id = "matmul_M64_N4096_K4096_bf16"
-    return {"point_key": f"{GPU}|{shape_id}|{digest(spec)[:16]}", "gpu": GPU, "regime": "deployable",
+    return {"point_key": point_key(GPU, shape_id, spec), "gpu": GPU, "regime": "deployable",
             "kind": "matmul", "shape_id": shape_id, "shape": {"M": 64, "N": 4096, "K": 4096, "dtype": "bf16"},
             "spec": spec, "slice": "own", "status": status, "value_us": 10.0 + i, "variance": 0.01,
             "n_samples": 20, "features": {"S_M": 64, "S_N": 4096, "S_K": 4096}, "cc": [9, 0],

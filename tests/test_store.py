@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.points import point_key
+from harness.rows import RejectedRows
 from harness.store import (
     COLUMN_NAMES,
     FAIL_VALUE_US,
@@ -25,7 +27,7 @@ from harness.store import (
     MergeReceipt,
     NodeStore,
     RowError,
-    RowsFileWarning,
+    RowsFile,
     StoreError,
     default_db_path,
     digest,
@@ -52,7 +54,7 @@ def make_row(**over: Any) -> dict[str, Any]:
     shape_id = f"matmul_M{m}_N4096_K4096_bf16"
     knobs = dict(kv.split("=") for kv in spec.split(","))
     row = {
-        "point_key": f"{gpu}|{shape_id}|{digest(spec)[:16]}",
+        "point_key": point_key(gpu, shape_id, spec),
         "gpu": gpu,
         "regime": "deployable",
         "kind": "matmul",
@@ -650,19 +652,23 @@ def test_read_rows_file_skips_bad_lines(tmp_path: Path) -> None:
     text = json.dumps(good[0]) + "\n\n" + "[1, 2]\n" + json.dumps(good[1]) + "\n"
     cut = json.dumps(good[2])
     path.write_bytes(text.encode() + cut[: len(cut) // 2].encode())  # a crash mid-line
-    with pytest.warns(RowsFileWarning, match=r"own-matmul.jsonl: skipped 2 .*first at line 3"):
-        rows, n_bad = read_rows_file(path)
+    rows, n_bad = read_rows_file(path)
     assert (rows, n_bad) == (good[:2], 2)
 
 
-def test_truncated_last_line_merges_the_whole_lines(store: NodeStore, tmp_path: Path) -> None:
+def test_truncated_last_line_is_set_aside_and_the_whole_lines_merge(
+    store: NodeStore, tmp_path: Path
+) -> None:
     path = tmp_path / "rows.jsonl"
     lines = [json.dumps(make_row(M=m)) for m in (64, 128, 256)]
     path.write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])
-    with pytest.warns(RowsFileWarning, match="skipped 1 corrupt or truncated line"):
-        rows, n_bad = read_rows_file(path)
-    assert n_bad == 1
-    assert store.merge(rows).inserted == 2
+    rejected = RejectedRows(tmp_path / "rejected.jsonl")
+    receipt = store.merge_files([RowsFile(path, "bench-x/own-matmul.jsonl")], rejected)
+    assert (receipt.inserted, receipt.rejected) == (2, 1)
+    (entry,) = [json.loads(x) for x in rejected.path.read_text().splitlines()]
+    assert entry["line"] == 3 and entry["text"] == lines[2][:40]
+    assert "cut off" in entry["reason"]
+    assert store.merged_files() == {"bench-x/own-matmul.jsonl": path.stat().st_size}
 
 
 # ---------------------------------------------------------------- CLI
@@ -682,7 +688,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cli_merge_prints_the_receipt_and_backs_up(tmp_path: Path) -> None:
     a, b = tmp_path / "own-matmul.jsonl", tmp_path / "cross-matmul.jsonl"
-    a.write_text("\n".join(json.dumps(make_row(M=m)) for m in (64, 128)) + '\n{"gpu": ')
+    a.write_text("\n".join(json.dumps(make_row(M=m)) for m in (64, 128)) + "\n")
     b.write_text(json.dumps(make_row(gpu=L40S)) + "\n")
     db = tmp_path / "nodes.db"
 
@@ -697,7 +703,6 @@ def test_cli_merge_prints_the_receipt_and_backs_up(tmp_path: Path) -> None:
     ]
     backup = Path(out[-1].removeprefix("backup: "))
     assert backup.parent == tmp_path / "backups" and backup.is_file()
-    assert "warning: " in done.stderr and "skipped 1 corrupt or truncated line" in done.stderr
 
     again = run_cli("merge", str(b), "--db", str(db), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
@@ -705,18 +710,40 @@ def test_cli_merge_prints_the_receipt_and_backs_up(tmp_path: Path) -> None:
     assert "backup: skipped (nothing changed)" in again.stdout
 
 
-def test_cli_merge_errors(tmp_path: Path) -> None:
+def test_cli_merge_sets_bad_rows_aside_merges_the_rest_and_fails(tmp_path: Path) -> None:
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps(make_row()) + "\n")
+    rows.write_text(json.dumps(make_row()) + "\n" + '{"gpu": \n')
     missing = run_cli("merge", str(rows), str(tmp_path / "nope.jsonl"), cwd=tmp_path)
     assert missing.returncode == 2
     assert f"error: rows file not found: {tmp_path / 'nope.jsonl'}" in missing.stderr
     assert not (tmp_path / "env-default.db").exists()
 
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({**make_row(), "status": "fine"}) + "\n")
-    refused = run_cli("merge", str(rows), str(bad), "--no-backup", cwd=tmp_path)
-    assert refused.returncode == 1
-    assert "error: row 2 of this merge: " in refused.stderr and "status 'fine'" in refused.stderr
+    bad.write_text(json.dumps({**make_row(M=64), "status": "fine"}) + "\n")
+    kept = tmp_path / "kept.jsonl"
+    done = run_cli("merge", str(rows), str(bad), "--no-backup", f"--rejected={kept}", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.startswith("merged 3 node rows (1 new, 0 replaced, 0 kept, 0 duplicate)")
+    assert f"error: rejected 2 row(s) that cannot be merged; they are set aside with their " \
+           f"reasons in {kept}" in done.stderr
+    reasons = [json.loads(x)["reason"] for x in kept.read_text().splitlines()]
+    assert "not valid JSON" in reasons[0] and "status 'fine'" in reasons[1]
     with NodeStore(tmp_path / "env-default.db") as s:  # --db defaulted to $EMMY_TUNE_DB
-        assert s.counts() == {}
+        assert s.counts() == {H200: 1}
+
+
+def test_cli_merge_on_a_read_only_folder_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(make_row()) + "\n")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user that may write anywhere (root): no read-only folder")
+        done = run_cli("merge", str(rows), "--db", str(ro / "new.db"), cwd=tmp_path)
+    finally:
+        ro.chmod(0o700)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert f"error: cannot create node DB {ro / 'new.db'}: Permission denied" in done.stderr
