@@ -32,10 +32,10 @@ import pytest
 from harness.box.runner import BoxWriteError, RowsWriter
 from harness.boxctl import BoxDriver, BoxError
 from harness.ledger import Ledger
+from harness.points import point_key
 from harness.remote.tmux import SWEEP_SESSION, Tmux
 from harness.remote.transport import LocalTransport
-from harness.points import point_key
-from harness.store import NodeStore, digest
+from harness.store import NodeStore
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = "NVIDIA H200 141GB"

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from harness.points import point_key
-from harness.store import digest
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = "NVIDIA H200 141GB"
