@@ -1,8 +1,10 @@
 """The collection "tests": one sweep job per card × slice × kind.
 
-A job passes when it ran to its allotment or its pool's end; bench failures are data (they
-are rows), not test failures.  A job whose box process died or failed fails with the tail of
-its log.  ``-k softmax`` or ``-k own`` select jobs; the budget is re-planned over the selection.
+A job passes when it ran to its allotment or its pool's end and its rows are in the node
+table; bench failures are data (they are rows), not test failures.  A job fails when its box
+process died or failed (with the tail of its log), when its rows could not be merged, or when
+some of them were rejected (set aside with their reasons).  ``-k softmax`` or ``-k own`` select
+jobs; the budget is re-planned over the selection.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from harness.harvest import job_property
 from harness.remote.transport import SSHError
 
 
-def test_sweep(sweep_job, collection, boxes, progress, record_property):
+def test_sweep(sweep_job, collection, boxes, progress, record_property, request):
     gpu, job = sweep_job
     record_property(*job_property(gpu=gpu, slice=job.slice, kind=job.kind))
     try:
@@ -25,7 +27,7 @@ def test_sweep(sweep_job, collection, boxes, progress, record_property):
         unusable = ""
     if unusable:  # the message says what was wrong and what to do: no traceback
         pytest.fail(unusable, pytrace=False)
-    result = collection.run_job(sweep_job, box, progress)
+    result = collection.run_job(sweep_job, box, progress, nodeid=request.node.nodeid)
     report = collection.job_report(sweep_job)  # the harvest's summary and --report-json read it
     record_property(*job_property(**report))
     if result.skipped:
@@ -37,4 +39,13 @@ def test_sweep(sweep_job, collection, boxes, progress, record_property):
     if out.state in ("died", "failed"):
         pytest.fail(f"{job.id} on {box.card.name}: the sweep job {out.state}; tail of sweep.log:\n"
                     f"{out.log_tail}", pytrace=False)
+    if result.merge_error:
+        pytest.fail(f"{job.id}: its {result.stat('benched')} rows were measured but could not be "
+                    f"merged: {result.merge_error}. They are kept in {out.rows_path} (and on the "
+                    "box); the next run with this node table merges them first", pytrace=False)
+    if result.merge is not None and result.merge.rejected:
+        m = result.merge
+        pytest.fail(f"{job.id}: {m.rejected} of its rows could not be merged and were set aside "
+                    f"with their reasons in {m.rejected_file} (first: {m.first_rejected})",
+                    pytrace=False)
     assert out.rows_path is not None or result.stat("benched") == 0, "rows did not come back"

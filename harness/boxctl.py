@@ -2,9 +2,12 @@
 
 Everything long-running runs inside the box's named tmux sessions; the controller only makes
 short calls (start a session, one poll, fetch a file), so a dropped connection costs a poll,
-never the work.  Remote layout under ``base`` (default ``~/.local/share/emmy/node-collect``):
-``repo/ setup.log setup.status probe.json pool.json ledger.json sweep.log sweep.status
-rows/<run_id>/<slice>-<kind>.jsonl summary/<run_id>/<slice>-<kind>.json``.
+never the work.  The box folder (``base``, default ``~/.local/share/emmy/node-collect``) is the
+tool's own (marked ``.collect-node-data``) and one controller at a time holds its lock
+(:mod:`harness.remote.boxdir`).  Layout: ``repo/ setup.log setup.status probe.json pool.json
+sweep.log sweep.status current-job.json lock.json`` and one folder per run,
+``rows/<run_id>/`` (``owner.json``, the run's ``ledger.json``, ``<slice>-<kind>.jsonl``,
+``worker.log``) and ``summary/<run_id>/<slice>-<kind>.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import harness
+from harness.box import BOX_PINS
+from harness.interrupts import Interrupted
+from harness.remote.boxdir import BoxLock
 from harness.remote.tmux import SETUP_SESSION, SWEEP_SESSION, JobState, Tmux
 from harness.remote.transport import Transport
 
@@ -42,11 +48,13 @@ class BoxError(RuntimeError):
 class JobOutcome:
     """What one sweep job did, as the controller saw it."""
 
-    state: str  # done | stopped (timeout) | died | failed
+    state: str  # done | stopped (timeout) | died | failed | interrupted
     summary: dict[str, Any] = field(default_factory=dict)
     rows_path: Path | None = None
     log_tail: str = ""
     elapsed_s: float = 0.0
+    remote_rows: str = ""  # where the rows file is on the box
+    interrupted: Interrupted | None = None
 
 
 @dataclass
@@ -55,12 +63,14 @@ class BoxDriver:
     tmux: Tmux
     base: str = DEFAULT_BASE
     python: str = "python3"
-    use_venv: bool = False  # remote boxes get a venv; this machine uses the running python
+    install: bool = False  # --box-install: make BOX_DIR/venv with the pinned torch and Triton
     env: dict[str, str] = field(default_factory=dict)
     poll_s: float = 60.0
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     reconnect_s: float = RECONNECT_S
+    lock: BoxLock | None = None  # taken by the collection before anything else
+    chosen_python: str | None = None  # the Python setup found with torch and Triton
 
     def __post_init__(self) -> None:
         if self.base.startswith("~"):
@@ -70,61 +80,128 @@ class BoxDriver:
         return posixpath.join(self.base, *parts)
 
     # -- setup --------------------------------------------------------------------------------
-    def refuse_if_busy(self) -> None:
-        if self.tmux.alive(SWEEP_SESSION):
-            sock = f" -L {self.tmux.socket}" if self.tmux.socket else ""
+    def settle_orphan(self, say: Callable[[str], None], wait_s: float = 3600.0) -> None:
+        """With the lock held, a live sweep session was left by a controller that is gone: wait
+        for its job to end (its allotment bounds it), then stop what is left, so its rows can be
+        harvested.  A sweep session of unknown origin is refused."""
+        if not self.tmux.alive(SWEEP_SESSION):
+            return
+        try:
+            job = self.read_json(self.path("current-job.json"))
+        except (BoxError, ValueError):
+            job = None
+        sock = f" -L {self.tmux.socket}" if self.tmux.socket else ""
+        if not isinstance(job, dict) or not isinstance(job.get("limit_s"), (int, float)):
             raise BoxError(
                 f"a sweep is already running on {self.transport.name} (tmux session "
-                f"{SWEEP_SESSION!r}); watch it with `tmux{sock} attach -t {SWEEP_SESSION}` or end "
-                f"it with `tmux{sock} kill-session -t {SWEEP_SESSION}`, then run again")
+                f"{SWEEP_SESSION!r}) that no run of this box folder started; watch it with "
+                f"`tmux{sock} attach -t {SWEEP_SESSION}` or end it with "
+                f"`tmux{sock} kill-session -t {SWEEP_SESSION}`, then run again")
+        left = float(job.get("started", 0)) + float(job["limit_s"]) - time.time()
+        left = max(0.0, min(left, wait_s))
+        say(f"box {self.transport.name}: job {job.get('slice')}-{job.get('kind')} of run "
+            f"{job.get('run_id')} (its controller is gone) is still measuring; waiting up to "
+            f"{left:.0f}s for it to end, then its rows are merged")
+        deadline = self.clock() + left
+        while self.tmux.alive(SWEEP_SESSION) and self.clock() < deadline:
+            self.sleep(min(self.poll_s, 10.0, max(0.05, deadline - self.clock())))
+        if self.tmux.alive(SWEEP_SESSION):
+            self.stop()
 
     def push_code(self) -> None:
-        self.transport.run(["mkdir", "-p", self.path("rows"), self.path("summary")])
-        # private: the rows are measurements that cost GPU-hours, the folder holds our code
-        self.transport.run(["chmod", "700", self.base, self.path("rows"), self.path("summary")])
+        # rows/ and summary/ are made private when made here; nothing else changes mode
+        self.transport.run(["sh", "-c", 'for d in "$@"; do [ -d "$d" ] || mkdir -m 700 "$d"; done',
+                            "sh", self.path("rows"), self.path("summary")])
         self.transport.put_tree(CODE_ROOT / "harness", self.path("repo", "harness"), _EXCLUDE)
 
     def setup_script(self) -> str:
-        """The setup run in tmux: a venv that sees the box's own torch and Triton (installed
-        only where missing), an import check, then the probe.  One word lands in
-        ``setup.status``: SETUP_OK or SETUP_FAIL."""
+        """The setup run in tmux: find a Python with torch and Triton (``--box-python`` as it
+        is, else the venv an earlier ``--box-install`` made), or make that venv with the pinned
+        versions when ``--box-install`` asks; then probe.  One word lands in ``setup.status``:
+        SETUP_OK (and ``python.path`` names the Python), NEED_TORCH (``setup.log`` lists the
+        Pythons that have them) or SETUP_FAIL."""
         q = shlex.quote
-        probe = f"cd {q(self.path('repo'))} && {q(self.box_python)} -m harness.box probe --out {q(self.path('probe.json'))}"
-        if not self.use_venv:
-            body = f"{q(self.python)} -c 'import torch, triton' && {probe}"
-        else:
-            venv = self.path("venv")
-            body = (f"( [ -x {q(venv)}/bin/python ] || {q(self.python)} -m venv --system-site-packages {q(venv)} ) && "
-                    f"( {q(venv)}/bin/python -c 'import torch' || {q(venv)}/bin/python -m pip install torch ) && "
-                    f"( {q(venv)}/bin/python -c 'import triton' || {q(venv)}/bin/python -m pip install triton ) && "
-                    f"{q(venv)}/bin/python -c 'import torch, triton; print(torch.__version__, triton.__version__)' && "
-                    f"{probe}")
+        venv_py = self.path("venv", "bin", "python")
+        check = "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+        install = (f"{q(self.python)} -m venv {q(self.path('venv'))} && "
+                   f"{q(venv_py)} -m pip install {' '.join(q(p) for p in BOX_PINS)} && "
+                   f"{q(venv_py)} -c {q(check)} && PY={q(venv_py)}") if self.install else "false"
         status = q(self.path("setup.status"))
-        return (f"if {body}; then echo SETUP_OK > {status}.tmp; else echo SETUP_FAIL > {status}.tmp; fi; "
-                f"mv {status}.tmp {status}")
+        return f"""
+PY=
+if {q(self.python)} -c {q(check)}; then PY={q(self.python)}
+elif [ -x {q(venv_py)} ] && {q(venv_py)} -c {q(check)}; then PY={q(venv_py)}; echo "using {venv_py} (made by an earlier --box-install)"
+elif {install}; then :
+fi
+if [ -z "$PY" ]; then
+  echo "{self.python} cannot import torch and triton; looking for Pythons that can:"
+  seen=
+  for p in {q(venv_py)} $(command -v python3 python3.13 python3.12 python3.11 python3.10 python 2>/dev/null) \
+      /usr/bin/python3 /usr/local/bin/python3 /opt/conda/bin/python /opt/conda/envs/*/bin/python \
+      "$HOME"/miniconda3/bin/python "$HOME"/miniconda3/envs/*/bin/python "$HOME"/anaconda3/bin/python \
+      "$HOME"/anaconda3/envs/*/bin/python "$HOME"/miniforge3/envs/*/bin/python "$HOME"/.pyenv/versions/*/bin/python \
+      "$HOME"/*/bin/python "$HOME"/.venv*/bin/python "$HOME"/.virtualenvs/*/bin/python; do
+    [ -x "$p" ] || continue
+    case " $seen " in *" $p "*) continue;; esac
+    seen="$seen $p"
+    v=$(timeout 120 "$p" -c {q(check)} 2>/dev/null) && echo "CANDIDATE $p ($v)"
+  done
+  echo NEED_TORCH > {status}.tmp
+elif printf '%s\n' "$PY" > {q(self.path('python.path'))} && cd {q(self.path('repo'))} && "$PY" -m harness.box probe --out {q(self.path('probe.json'))}; then
+  echo SETUP_OK > {status}.tmp
+else
+  echo SETUP_FAIL > {status}.tmp
+fi
+mv {status}.tmp {status}
+"""
 
     @property
     def box_python(self) -> str:
-        return self.path("venv", "bin", "python") if self.use_venv else self.python
+        return self.chosen_python or self.python
 
     def setup(self, timeout_s: float = 4500.0) -> dict[str, Any]:
-        """Set the box up in tmux ``emmy-node-setup``; retry once from a clean venv; probe."""
-        for attempt in (1, 2):
-            if attempt == 2:
-                if not self.use_venv:
-                    break
-                self.transport.run(["rm", "-rf", self.path("venv")], check=False)
-            self.transport.run(["rm", "-f", self.path("setup.status"), self.path("probe.json")],
-                               check=False)
-            self.tmux.start(SETUP_SESSION, ["bash", "-c", self.setup_script()], cwd=self.base,
-                            log=self.path("setup.log"), status=self.path("setup.rc"), env=self.env)
-            state = self._wait(SETUP_SESSION, self.path("setup.log"), self.path("setup.rc"),
-                               timeout_s, on_line=None)
-            word = self.transport.run(["cat", self.path("setup.status")], check=False).stdout.strip()
-            if state.status == "0" and word == "SETUP_OK":
-                return self.read_json(self.path("probe.json"))
+        """Set the box up in tmux ``emmy-node-setup`` (see :meth:`setup_script`); probe."""
+        self.transport.run(["rm", "-f", self.path("setup.status"), self.path("probe.json"),
+                            self.path("python.path")], check=False)
+        self.tmux.start(SETUP_SESSION, ["bash", "-c", self.setup_script()], cwd=self.base,
+                        log=self.path("setup.log"), status=self.path("setup.rc"), env=self.env)
+        try:
+            self._wait(SETUP_SESSION, self.path("setup.log"), self.path("setup.rc"), timeout_s,
+                       on_line=None)
+        except Interrupted:
+            self.tmux.kill(SETUP_SESSION)
+            raise
+        word = self.transport.run(["cat", self.path("setup.status")], check=False).stdout.strip()
+        if word == "SETUP_OK":
+            chosen = self.transport.run(["cat", self.path("python.path")], check=False).stdout.strip()
+            self.chosen_python = chosen or self.python
+            return self.read_json(self.path("probe.json"))
+        log = self.tail(self.path("setup.log"), 60)
+        if word == "NEED_TORCH":
+            found = [ln.removeprefix("CANDIDATE ") for ln in log.splitlines()
+                     if ln.startswith("CANDIDATE ")]
+            where = ("; these Pythons on the box have them:\n  " + "\n  ".join(found)
+                     + f"\npass one as --box-python=PATH (e.g. --box-python={found[0].split()[0]})"
+                     if found else "; none of the usual places has a Python that does")
+            raise BoxError(f"--box-python={self.python} on {self.transport.name} cannot import "
+                           f"torch and triton{where}. Nothing is installed unless you ask: "
+                           f"--box-install makes {self.path('venv')} with "
+                           f"{' '.join(BOX_PINS)}")
         raise BoxError(f"setup failed on {self.transport.name} ({word or 'no status'}); "
                        f"tail of setup.log:\n{self.tail(self.path('setup.log'), 40)}")
+
+    def start_run(self, run_id: str, owner_record: dict[str, Any], ledger: Path) -> None:
+        """Make the run's folder on the box with its owner record and its ledger."""
+        run_dir = self.path("rows", run_id)
+        self.transport.run(["mkdir", "-p", "-m", "700", run_dir, self.path("summary", run_id)])
+        with tempfile.TemporaryDirectory() as d:
+            owner = Path(d) / "owner.json"
+            owner.write_text(json.dumps(owner_record, sort_keys=True) + "\n")
+            self.transport.put_file(owner, posixpath.join(run_dir, "owner.json"))
+        self.transport.put_file(ledger, posixpath.join(run_dir, "ledger.json"))
+
+    def run_ledger(self, run_id: str) -> str:
+        return self.path("rows", run_id, "ledger.json")
 
     # -- files --------------------------------------------------------------------------------
     def read_json(self, remote: str) -> Any:
@@ -138,13 +215,10 @@ class BoxDriver:
         r = self.transport.run(["tail", "-n", str(n), remote], check=False, timeout=60)
         return r.stdout
 
-    def push_ledger(self, local: Path) -> None:
-        if local.is_file():
-            self.transport.put_file(local, self.path("ledger.json"))
-
-    def fetch_ledger(self, local: Path) -> bool:
-        return self._while_unreachable(
-            "fetching the ledger", lambda: self.transport.get_file(self.path("ledger.json"), local))
+    def fetch(self, remote: str, local: Path, say: Callable[[str], None] | None = None) -> bool:
+        """Fetch one file home (waiting for a box that stopped answering); False if missing."""
+        return self._while_unreachable(f"fetching {posixpath.basename(remote)}",
+                                       lambda: self.transport.get_file(remote, local), say)
 
     def _while_unreachable(self, what: str, call: Callable[[], T],
                            say: Callable[[str], None] | None = None) -> T:
@@ -171,8 +245,8 @@ class BoxDriver:
                 self.sleep(min(self.poll_s, max(0.05, deadline - self.clock())))
 
     # -- plan and jobs ------------------------------------------------------------------------
-    def plan(self, pool_args: Sequence[str]) -> dict[str, Any]:
-        argv = [self.box_python, "-m", "harness.box", "plan", "--ledger", self.path("ledger.json"),
+    def plan(self, pool_args: Sequence[str], ledger: str) -> dict[str, Any]:
+        argv = [self.box_python, "-m", "harness.box", "plan", "--ledger", ledger,
                 "--out", self.path("pool.json"), *pool_args]
         self.transport.run(["sh", "-c", f"cd {shlex.quote(self.path('repo'))} && {shlex.join(argv)}"],
                            timeout=900, env=self.env)
@@ -181,28 +255,48 @@ class BoxDriver:
     def run_job(self, *, slice_: str, kind: str, budget_s: float, run_id: str,
                 job_args: Sequence[str], timeout_s: float, rows_dir: Path,
                 on_line: Callable[[str], None] | None = None) -> JobOutcome:
+        """Run one job in tmux, wait for it, bring its rows and summary home.
+
+        A first :class:`~harness.interrupts.Interrupted` while it runs stops the job (its
+        session and processes) and still brings its rows home: the outcome is ``interrupted``.
+        A second one propagates at once; the rows then stay on the box for the next run."""
         name = f"{slice_}-{kind}"
         rows = self.path("rows", run_id, f"{name}.jsonl")
         summary = self.path("summary", run_id, f"{name}.json")
-        self.transport.run(["mkdir", "-p", "-m", "700", self.path("rows", run_id),
-                            self.path("summary", run_id)])
         argv = [self.box_python, "-m", "harness.box", "run", "--slice", slice_, "--kind", kind,
-                "--budget-s", f"{budget_s:.1f}", "--rows", rows, "--ledger", self.path("ledger.json"),
+                "--budget-s", f"{budget_s:.1f}", "--rows", rows, "--ledger", self.run_ledger(run_id),
                 "--summary", summary, "--run-id", run_id, *job_args]
         t0 = self.clock()
-        # (a start repeated after a broken connection ends the first one: the ledger keeps
-        # every finished batch)
-        self._while_unreachable("starting the job", lambda: self.tmux.start(
-            SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
-            status=self.path("sweep.status"), env=self.env), on_line)
-        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), self.path("sweep.status"),
-                           timeout_s, on_line=on_line)
-        outcome = JobOutcome(state="done", elapsed_s=self.clock() - t0)
-        if state.status is None:
-            outcome.state = "stopped" if state.alive else "died"
+        outcome = JobOutcome(state="done", remote_rows=rows)
+        with tempfile.TemporaryDirectory() as d:  # for a run that finds this job orphaned
+            job = Path(d) / "job.json"
+            job.write_text(json.dumps({"run_id": run_id, "slice": slice_, "kind": kind,
+                                       "started": time.time(), "limit_s": timeout_s}))
+            self._while_unreachable("starting the job", lambda: self.transport.put_file(
+                job, self.path("current-job.json")), on_line)
+        try:
+            # (a start repeated after a broken connection ends the first one: the rows written
+            # stay in the file, and the points marked stay marked)
+            self._while_unreachable("starting the job", lambda: self.tmux.start(
+                SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
+                status=self.path("sweep.status"), env=self.env), on_line)
+            state = self._wait(SWEEP_SESSION, self.path("sweep.log"), self.path("sweep.status"),
+                               timeout_s, on_line=on_line)
+        except Interrupted as exc:
+            if exc.second:
+                raise
+            outcome.state, outcome.interrupted = "interrupted", exc
+            if on_line:
+                on_line(f"{exc.signame}: stopping the job and bringing its rows home (again to "
+                        "leave at once: its rows stay on the box and the next run merges them)")
             self._while_unreachable("stopping the job", self.stop, on_line)
-        elif state.status != "0":
-            outcome.state = "failed"
+        else:
+            if state.status is None:
+                outcome.state = "stopped" if state.alive else "died"
+                self._while_unreachable("stopping the job", self.stop, on_line)
+            elif state.status != "0":
+                outcome.state = "failed"
+        outcome.elapsed_s = self.clock() - t0
         local_rows = rows_dir / run_id / f"{name}.jsonl"
 
         def harvest() -> None:
@@ -217,8 +311,8 @@ class BoxDriver:
         try:
             self._while_unreachable(f"fetching the rows of {name}", harvest, on_line)
         except BoxError as exc:
-            raise BoxError(f"{exc}; the rows stay on the box in {rows}: fetch them later and "
-                           f"merge them with `python -m harness merge FILE`") from None
+            raise BoxError(f"{exc}; the rows stay on the box in {rows}: the next run with this "
+                           "node table merges them first") from None
         if not outcome.summary and outcome.rows_path:
             # the job was ended before it wrote its summary: count what its rows file holds
             outcome.summary = _count_rows(outcome.rows_path)
@@ -227,17 +321,21 @@ class BoxDriver:
         return outcome
 
     def stop(self) -> None:
-        """End the sweep session and any bench process it left (harvest, never abandon)."""
-        for attempt in range(6):
+        """End the sweep session and the job's processes (harvest, never abandon): the job
+        ends through its clean-up (rows synced, summary written) or, after two tries, is
+        killed; this returns once none of them is left."""
+        # only this box folder's job (its argv names our rows folder); its bench worker exits
+        # when the job's end of the pipe closes
+        pattern = "[h]arness[.]box run .*" + re.escape(self.path("rows"))
+        for attempt in range(8):
             self.tmux.kill(SWEEP_SESSION)
-            sig = "-9" if attempt >= 2 else "-15"
-            # only this box folder's job (its argv names our rows folder); its bench worker
-            # exits when the job's end of the pipe closes
-            pattern = "[h]arness[.]box run .*" + re.escape(self.path("rows"))
-            self.transport.run(["pkill", sig, "-f", "--", pattern], check=False, timeout=60)
-            if not self.tmux.alive(SWEEP_SESSION):
+            if attempt:
+                sig = "-9" if attempt >= 3 else "-15"
+                self.transport.run(["pkill", sig, "-f", "--", pattern], check=False, timeout=60)
+            left = self.transport.run(["pgrep", "-f", "--", pattern], check=False, timeout=60)
+            if left.rc != 0 and not self.tmux.alive(SWEEP_SESSION):
                 return
-            self.sleep(5)
+            self.sleep(1.0 if attempt < 3 else 3.0)
 
     def _wait(self, session: str, log: str, status: str, timeout_s: float,
               on_line: Callable[[str], None] | None) -> JobState:
@@ -250,7 +348,8 @@ class BoxDriver:
         last_seen = ""
         down_since: float | None = None
         while True:
-            state = self.tmux.poll(session, log=log, status=status)
+            state = self.tmux.poll(session, log=log, status=status,
+                                   extra=self.lock.heartbeat_line() if self.lock else "")
             if state.alive is None:
                 if down_since is None:
                     down_since = self.clock()

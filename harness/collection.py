@@ -1,14 +1,18 @@
-"""One collection session: boxes, the budget plan, the jobs' outcomes, the merge and its receipt.
+"""One collection session: boxes, the budget plan, the jobs, and each job's merge.
 
 Created by the plugin after collection (only when sweep jobs were selected); the fixtures in
-``collect_tests/conftest.py`` open boxes through it, each ``test_sweep`` item runs one job
-through it, and ``pytest_sessionfinish`` merges every fetched rows file in one transaction.
+``collect_tests/conftest.py`` open boxes through it and each ``test_sweep`` item runs one job
+through it.  The invariant it keeps: **a point is done only when its row is in the node table**.
+So the ledger is made from the node table (never from what a box says it measured), each job's
+rows are merged as soon as they are home, and whatever an earlier run left unmerged (on the box
+or at home) is merged before a box measures anything.  One controller holds a box at a time.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import sys
 import time
 import warnings
@@ -22,11 +26,17 @@ import pytest
 from harness import cards, pools
 from harness.box.runner import new_run_id
 from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_args
+from harness.intake import owner_record, source, take_in_leftovers, write_owner
+from harness.interrupts import Interrupted, Interrupts
 from harness.ledger import Ledger
+from harness.owner import Owner
 from harness.planner import BudgetPlan, Job
+from harness.remote.boxdir import BoxDirError, BoxLock
 from harness.remote.tmux import Tmux
 from harness.remote.transport import LocalTransport
+from harness.rows import RejectedRows
 from harness.slices import SLICES
+from harness.store import MergeReceipt, NodeStore, RowsFile, receipt_dict
 
 JobKey = tuple[str, Job]  # (--gpu token, job)
 # A job's process start, probe and pool build take ~5-10 s before its first batch (seen on an
@@ -64,6 +74,8 @@ class JobResult:
     allotment_s: float = 0.0
     outcome: JobOutcome | None = None
     skipped: str | None = None
+    merge: MergeReceipt | None = None
+    merge_error: str | None = None
 
     def stat(self, name: str) -> Any:
         return (self.outcome.summary.get(name, 0) if self.outcome else 0) or 0
@@ -80,11 +92,15 @@ class BoxState:
     pool: dict[str, Any]
     plan: BudgetPlan
     setup_s: float
+    leftovers: dict[str, Any] = field(default_factory=dict)  # what earlier runs left, merged
+    reported: bool = False  # the leftovers went into a job's report
     started: float = field(default_factory=time.monotonic)
 
 
 class Collection:
-    def __init__(self, config: pytest.Config, checked: dict[str, Any], order: list[JobKey]) -> None:
+    def __init__(self, config: pytest.Config, checked: dict[str, Any], order: list[JobKey], *,
+                 interrupts: Interrupts | None = None, session: str = "",
+                 harvest: Any = None) -> None:
         from harness.plugin import default_state_dir
 
         o = config.option
@@ -101,16 +117,23 @@ class Collection:
         self.run_id = new_run_id()
         self.results: dict[JobKey, JobResult] = {k: JobResult(k) for k in order}
         self.boxes: dict[str, BoxState] = {}
+        self.drivers: dict[str, BoxDriver] = {}
         self.leases: dict[str, Any] = {}
         self.leases_dir = self.state_dir / "leases"
         self.box_errors: dict[str, str] = {}
+        self.interrupts = interrupts or Interrupts()
+        self.owner = Owner.here(session)
+        self.harvest = harvest
+        self.merging = not self.option("no_merge")
+        self.rejected_path = self.rows_dir / "rejected" / f"{self.run_id}.jsonl"
         self._check_writable()
+        self.db_id = self._open_db()
 
     # -- preflight ---------------------------------------------------------------------------
     def _check_writable(self) -> None:
         """Fail before any box is touched (or server rented) when the DB could not take this
         run's rows (a folder, not writable, not a node DB, a newer schema) or the state folders
-        cannot be written.  The DB is only read here."""
+        cannot be written."""
         from harness.store import StoreError, check_db, make_private_dirs
 
         if self.ledger_path.expanduser().resolve() == self.db_path.expanduser().resolve():
@@ -118,7 +141,7 @@ class Collection:
                                     "ledger would overwrite it; give them different files")
         if self.ledger_path.is_dir():
             raise pytest.UsageError(f"--ledger={self.ledger_path} is a directory; give a file path")
-        if not self.option("no_merge"):
+        if self.merging:
             try:
                 check_db(self.db_path)
             except StoreError as exc:
@@ -132,12 +155,26 @@ class Collection:
             if not os.access(path, os.W_OK):
                 raise pytest.UsageError(f"{what}: {path} is not writable; choose another path")
 
+    def _open_db(self) -> str | None:
+        """Make (or open) the node table now, so a run that could not merge never measures;
+        its id names this session's runs.  With --no-merge the DB is only read, if it exists."""
+        from harness.store import StoreError
+
+        if not self.merging:
+            return _read_db_id(self.db_path)
+        try:
+            with NodeStore(self.db_path) as store:
+                return store.db_id
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            raise pytest.UsageError(f"--db: {exc}; nothing was started") from None
+
     # -- boxes -------------------------------------------------------------------------------
     def option(self, name: str) -> Any:
         return getattr(self.config.option, name)
 
     def open_box(self, gpu: str, progress: Callable[[str], None]) -> BoxState:
-        """Prepare the box for ``gpu`` (this machine for local): push, set up, probe, plan."""
+        """Prepare the box for ``gpu`` (this machine for local): lock, harvest what earlier
+        runs left, push, set up, probe, plan."""
         if gpu in self.boxes:
             return self.boxes[gpu]
         if gpu in self.box_errors:
@@ -145,6 +182,12 @@ class Collection:
                            f"{self.box_errors[gpu]}")
         try:
             return self._open_box(gpu, progress)
+        except Interrupted as exc:
+            if exc.second:
+                raise
+            self.box_errors[gpu] = f"interrupted ({exc.signame}) while the box was prepared"
+            pytest.exit(f"{exc.signame}: the session stopped while box {gpu} was prepared; "
+                        "nothing was measured", returncode=pytest.ExitCode.INTERRUPTED)
         except Exception as exc:
             self.box_errors[gpu] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise
@@ -153,22 +196,64 @@ class Collection:
         t0 = time.monotonic()
         driver = self._driver(gpu, progress)
         transport = driver.transport
-        driver.refuse_if_busy()
+        driver.lock = BoxLock(transport, driver.base, self.owner)
+        try:
+            driver.lock.acquire()
+        except BoxDirError as exc:
+            raise BoxError(str(exc)) from None
+        for note in driver.lock.notes:
+            progress(note)
+            warnings.warn(CollectWarning(note), stacklevel=1)
+        driver.settle_orphan(progress)
+        leftovers = self._take_in_leftovers(driver, progress)
         progress(f"box {transport.name}: pushing the harness to {driver.base}")
         driver.push_code()
         progress(f"box {transport.name}: setup in tmux session emmy-node-setup")
         probe = driver.setup()
         card = self._check_card(gpu, probe)
         progress(f"box {transport.name}: card {card.name} ({probe['regime']}); planning pools")
-        self._sync_ledger(driver, push=True)
-        pool = driver.plan(pool_args(self._opts()))
+        record = owner_record(self.owner, run_id=self.run_id, db_id=self.db_id,
+                              db_path=str(self.db_path), merge=self.merging, gpu=gpu)
+        write_owner(self.rows_dir / self.run_id / "owner.json", record)
+        ledger = self._ledger()
+        driver.start_run(self.run_id, record, self.ledger_path)
+        pool = driver.plan(pool_args(self._opts()), driver.run_ledger(self.run_id))
         mine = [k for k in self.order if k[0] == gpu]
         counts = {j: sum(pool["remaining"][j.slice].get(j.kind, {}).values()) for _, j in mine}
         plan = BudgetPlan(self.option("budget_s"), self.shares, counts, order=[j for _, j in mine])
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, pool=pool, plan=plan,
-                         setup_s=time.monotonic() - t0)
+                         setup_s=time.monotonic() - t0, leftovers=leftovers)
+        state.leftovers["ledger_done"] = _done(ledger)
         self.boxes[gpu] = state
         return state
+
+    def _ledger(self) -> Ledger:
+        """The ledger of the node table, saved at ``--ledger``: a point is done there only
+        because its row is in the table (nothing a box reports counts before it is merged)."""
+        bound = {"id": self.db_id or "", "path": str(self.db_path)}
+        if self.merging:
+            with NodeStore(self.db_path) as store:
+                ledger = Ledger.from_records(store.ledger_records(), bound)
+        else:
+            ledger = Ledger.from_records(_read_ledger_records(self.db_path), bound)
+        with self.interrupts.shielded():
+            ledger.save(self.ledger_path)
+        return ledger
+
+    def _take_in_leftovers(self, driver: BoxDriver, progress: Callable[[str], None]
+                           ) -> dict[str, Any]:
+        """Merge what earlier runs of this node table left unmerged, on the box and at home,
+        before anything is measured; say how much."""
+        if not self.merging or self.db_id is None:
+            return {}
+        return take_in_leftovers(driver, db_path=self.db_path, db_id=self.db_id,
+                                 rows_dir=self.rows_dir, current_run=self.run_id,
+                                 merge=self._merge, say=progress)
+
+    def _merge(self, files: list[RowsFile]) -> MergeReceipt:
+        """Merge rows files into the node table now; a first Ctrl-C waits until it is done."""
+        with self.interrupts.shielded(), NodeStore(self.db_path) as store:
+            return store.merge_files(files, RejectedRows(self.rejected_path))
 
     def _rent(self, gpu: str, progress: Callable[[str], None]) -> Any:
         """Rent a server for ``gpu`` through ``--provider``; its lease is on disk at once."""
@@ -179,22 +264,31 @@ class Collection:
         provider = make_provider(o.provider, o.up_cmd, o.down_cmd, o.sky_cloud)
         card = cards.by_alias(gpu)
         progress(f"renting a {card.name} through {provider.name}")
-        lease = provider.acquire(card, lambda lease: lease.save(self.leases_dir))
+
+        def record(lease: Any) -> None:
+            lease.owner = {**self.owner.__dict__}
+            lease.db_id = self.db_id if self.merging else None
+            lease.save(self.leases_dir)
+
+        lease = provider.acquire(card, record)
         self.leases[gpu] = lease
         progress(f"rented {lease.target} (release: {lease.release_command})")
         return parse_remote(lease.target), lease
 
     def release(self, gpu: str, progress: Callable[[str], None]) -> None:
-        """Give a rented server back (never one given by --remote); --keep-server keeps it."""
+        """Give a rented server back (never one given by --remote); --keep-server keeps it, and
+        so does leaving at once (a second Ctrl-C): it may hold rows not merged yet."""
         lease = self.leases.pop(gpu, None)
         if lease is None:
             return
-        if self.option("keep_server"):
-            msg = (f"server kept (--keep-server): {lease.target}; release it with: "
-                   f"{lease.release_command}")
+        if self.option("keep_server") or self.interrupts.leaving:
+            why = ("--keep-server" if self.option("keep_server") else
+                   "left at once; it may hold rows not merged yet, which a run with this "
+                   f"node table merges from --remote={lease.target}")
+            msg = f"server kept ({why}): {lease.target}; release it with: {lease.release_command}"
             progress(msg)
             warnings.warn(CollectWarning(msg), stacklevel=1)
-            if lease.path:
+            if lease.path and self.option("keep_server"):
                 Path(lease.path).unlink(missing_ok=True)
             return
         progress(f"releasing {lease.target}")
@@ -208,7 +302,7 @@ class Collection:
             target, rented = self._rent(gpu, progress)
         if target is None:
             transport: Any = LocalTransport()
-            python, venv, poll_s = self.option("box_python") or sys.executable, False, 1.0
+            python, poll_s = self.option("box_python") or sys.executable, 1.0
         else:
             from harness.remote.ssh import SSHTransport
 
@@ -230,13 +324,15 @@ class Collection:
                     if time.monotonic() >= deadline:  # a fresh rental may still be booting
                         raise BoxError(f"cannot reach {where}: {exc}") from None
                     time.sleep(10)
-            python, venv, poll_s = self.option("box_python") or "python3", True, 60.0
+            python, poll_s = self.option("box_python") or "python3", 60.0
         extra = rented.extra if rented else {}
         socket = self.option("tmux_socket") or extra.get("tmux_socket")
-        return BoxDriver(transport=transport, tmux=Tmux(transport, socket),
-                         base=self.option("box_dir") or extra.get("box_dir") or DEFAULT_BASE,
-                         python=python,
-                         use_venv=venv, poll_s=self.option("poll_s") or poll_s)
+        driver = BoxDriver(transport=transport, tmux=Tmux(transport, socket),
+                           base=self.option("box_dir") or extra.get("box_dir") or DEFAULT_BASE,
+                           python=python, install=self.option("box_install"),
+                           poll_s=self.option("poll_s") or poll_s)
+        self.drivers[gpu] = driver
+        return driver
 
     def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:
         from harness.box.probe import card_from_probe
@@ -250,31 +346,18 @@ class Collection:
                                f"Use --gpu=auto to accept the box's card.")
         return card
 
-    def _sync_ledger(self, driver: BoxDriver, push: bool) -> None:
-        """Fold the box's ledger into the local one (never lose a mark), then push it back."""
-        local = Ledger.load(self.ledger_path)
-        tmp = self.ledger_path.with_name(self.ledger_path.name + ".box")
-        if driver.fetch_ledger(tmp):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                local.update(Ledger.load(tmp))
-            for w in caught:
-                warnings.warn(CollectWarning(f"box ledger: {w.message}"), stacklevel=1)
-            tmp.unlink(missing_ok=True)
-        local.save(self.ledger_path)
-        if push:
-            driver.push_ledger(self.ledger_path)
-
     def close_box(self, gpu: str, progress: Callable[[str], None]) -> None:
-        """Bring the ledger home, close the connection, release a rented server: each step
-        runs even when the one before it failed."""
-        state = self.boxes.get(gpu)
+        """Give the box's lock back, close the connection, release a rented server: each step
+        runs even when the one before it failed.  After a second Ctrl-C nothing slow runs."""
+        driver = self.drivers.get(gpu)
         try:
-            if state is not None:
+            if driver is not None:
                 try:
-                    self._sync_ledger(state.driver, push=False)
+                    if driver.lock is not None and not self.interrupts.leaving:
+                        with self.interrupts.shielded():
+                            driver.lock.release()
                 finally:
-                    state.driver.transport.close()
+                    driver.transport.close()
         finally:
             self.release(gpu, progress)
 
@@ -283,20 +366,15 @@ class Collection:
         return {"max_dist": o.max_dist, "tail_cap": o.tail_cap, "filter": o.filter}
 
     # -- jobs --------------------------------------------------------------------------------
-    def run_job(self, key: JobKey, box: BoxState, progress: Callable[[str], None]) -> JobResult:
+    def run_job(self, key: JobKey, box: BoxState, progress: Callable[[str], None],
+                nodeid: str = "") -> JobResult:
         gpu, job = key
         res = self.results[key]
         if self.shares.get(job.slice, 0) == 0:
             res.skipped = f"--share-{job.slice}=0: the {job.slice} slice is skipped"
             return res
         if job not in box.plan.order:
-            res.skipped = (f"no {job.kind} points left to measure in the {job.slice} slice on "
-                           f"{box.card.name}" + {"own": " (no anchors of this card)",
-                                                 "cross": " (no other card's anchors realize "
-                                                          "here)"}.get(job.slice, ""))
-            flt = self.option("filter")
-            if flt and not any(box.pool["total"].get(s, {}).get(job.kind) for s in SLICES):
-                res.skipped = f"--filter={flt!r} keeps no {job.kind} shape"
+            res.skipped = self._nothing_left(job, box)
             return res
         allot = box.plan.allotment(job)
         res.allotment_s = allot
@@ -331,11 +409,39 @@ class Collection:
         if outcome.state == "stopped" and by_option:
             outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"
         res.outcome = outcome
-        try:
-            self._sync_ledger(box.driver, push=False)
-        except Exception as exc:  # noqa: BLE001 - the ledger comes home at teardown again
-            warnings.warn(CollectWarning(f"ledger fetch after {job.id} failed: {exc}"), stacklevel=1)
+        if outcome.rows_path is not None and self.merging:
+            try:
+                res.merge = self._merge([RowsFile(outcome.rows_path,
+                                                  source(self.run_id, outcome.rows_path.name))])
+            except Interrupted:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the rows stay pending; the job fails
+                res.merge_error = str(exc).splitlines()[0]
+        if outcome.interrupted is not None:
+            sig = outcome.interrupted.signame
+            merged = (f"{res.merge.rows_read} rows merged" if res.merge else
+                      f"its rows kept in {outcome.rows_path}" if outcome.rows_path else
+                      f"no rows came home; they stay on the box in {outcome.remote_rows}")
+            outcome.summary["stop"] = f"{sig}; stopped and harvested: {merged}"
+            if self.harvest is not None:
+                self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
+                                      reason=f"{sig}: the session was interrupted")
+            pytest.exit(f"{sig}: job {job.id} was stopped and harvested ({merged}); the session "
+                        "ends here", returncode=pytest.ExitCode.INTERRUPTED)
         return res
+
+    def _nothing_left(self, job: Job, box: BoxState) -> str:
+        """Why a job has no points, true on a re-run too."""
+        total = sum(box.pool["total"].get(job.slice, {}).get(job.kind, {}).values())
+        flt = self.option("filter")
+        if flt and not any(box.pool["total"].get(s, {}).get(job.kind) for s in SLICES):
+            return f"--filter={flt!r} keeps no {job.kind} shape"
+        if total:
+            return (f"all {total} {job.kind} points of the {job.slice} slice on {box.card.name} "
+                    "are in the node table already")
+        why = {"own": " (no anchors of this card)",
+               "cross": " (no other card's anchors realize here)"}.get(job.slice, "")
+        return f"no {job.kind} points in the {job.slice} slice on {box.card.name}{why}"
 
     def job_report(self, key: JobKey) -> dict[str, Any]:
         """What the harvest needs from one job (it may run in another process)."""
@@ -343,12 +449,15 @@ class Collection:
         r = self.results[key]
         box = self.boxes.get(gpu)
         rep: dict[str, Any] = {"gpu": gpu, "slice": job.slice, "kind": job.kind,
-                               "run_id": self.run_id}
+                               "run_id": self.run_id, "db": str(self.db_path)}
         if box:
             rep["card"] = box.card.name
             rep["regime"] = box.probe.get("regime")
             rep["box"] = (f"{box.driver.transport.name}: {box.card.name} ({box.probe['regime']}), "
                           f"setup {box.setup_s:.0f}s")
+            if not box.reported and box.leftovers:
+                rep["leftovers"] = box.leftovers
+                box.reported = True
         if r.allotment_s:
             rep["allotment_s"] = round(r.allotment_s, 1)
         if r.outcome:
@@ -359,6 +468,52 @@ class Collection:
                        rows_file=str(o.rows_path) if o.rows_path else None,
                        statuses={str(k): int(v) for k, v in (o.summary.get("statuses") or {}).items()},
                        points_done=r.stat("points_done"), points_total=r.stat("points_total"))
+        if r.merge is not None:
+            rep["merge"] = {"state": "merged", **receipt_dict(r.merge)}
+        elif r.merge_error is not None:
+            rep["merge"] = {"state": "failed", "error": r.merge_error}
+        elif r.outcome and r.outcome.rows_path and not self.merging:
+            rep["merge"] = {"state": "skipped (--no-merge)"}
         return rep
 
 
+def _done(ledger: Ledger) -> int:
+    return sum(1 for k in ledger for regime in ("deployable", "interpret")
+               if ledger.status(k, regime) in ("ok", "bench_fail"))
+
+
+def _read_only(path: Path) -> sqlite3.Connection | None:
+    if not path.is_file():
+        return None
+    try:
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+
+
+def _read_db_id(path: Path) -> str | None:
+    conn = _read_only(path)
+    if conn is None:
+        return None
+    try:
+        found = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+        return str(found[0]) if found else None
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+
+
+def _read_ledger_records(path: Path) -> list[tuple[Any, ...]]:
+    conn = _read_only(path)
+    if conn is None:
+        return []
+    try:
+        return conn.execute(
+            "SELECT point_key, spec, regime, status, visits, error FROM node WHERE point_key IS "
+            "NOT NULL AND spec IS NOT NULL AND regime IS NOT NULL AND COALESCE(is_leaf, 1) = 1"
+        ).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()

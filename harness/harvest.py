@@ -1,10 +1,13 @@
-"""The harvest: gather every job's report, merge all rows once, print the summary.
+"""The harvest: gather every job's report, merge what is not merged yet, print the summary.
 
 Lives in the process that sees every test report: the plain pytest process, or the xdist
-controller when several cards run at once (``--gpu l40s,h100 -n 2``).  Jobs pass what the
-harvest needs through their report's ``user_properties`` (the rows file, the counts), so a
-worker that dies loses only its own in-flight job: every finished job's rows are already
-known here.  Leftover leases of rented servers are released here too.
+controller when several cards run at once (``--gpu l40s,h100 -n 2``).  Each job merges its own
+rows as soon as they are home and passes its receipt through its report's ``user_properties``;
+at the session's end the harvest merges any rows file a job reported without merging it (its
+merge failed, or a worker died before it could), backs the node table up once, rewrites the
+ledger from the node table, and prints the summary with a ``status:`` line.  Leases of rented
+servers left over are handled here too: this session's own are released; another session's
+only once its controller is provably gone, after the rows on that server are merged.
 
 With ``--report-json PATH`` the same facts (the jobs' reports, the merge's receipt, the exit
 status) are also written as one JSON file at the session's end (see :meth:`Harvest.report`).
@@ -14,7 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +56,9 @@ class JobReport:
     outcome: str = "unfinished"
     reason: str | None = None
     worker: str | None = None
+    merge: dict[str, Any] = field(default_factory=dict)  # the job's own merge (see Collection)
+    leftovers: dict[str, Any] = field(default_factory=dict)  # what earlier runs left, merged
+    db: str | None = None
 
     def to_json(self, nodeid: str) -> dict[str, Any]:
         return {"nodeid": nodeid, "gpu": self.gpu, "card": self.card or None,
@@ -61,7 +68,7 @@ class JobReport:
                 "benched": self.benched, "ok": self.ok, "failed": self.failed,
                 "statuses": dict(self.statuses), "points_done": self.points_done,
                 "points_total": self.points_total, "rows_file": self.rows_file,
-                "run_id": self.run_id, "worker": self.worker}
+                "run_id": self.run_id, "worker": self.worker, "merge": dict(self.merge) or None}
 
 
 @dataclass(eq=False)  # registered as a pytest plugin: must stay hashable
@@ -73,6 +80,10 @@ class Harvest:
     keep_server: bool = False
     report_json: Path | None = None  # --report-json: written at the session's end
     options: dict[str, Any] = field(default_factory=dict)  # the run's options, for the report
+    ledger_path: Path | None = None
+    rows_dir: Path | None = None
+    session: str = ""
+    interrupts: Any = None  # harness.interrupts.Interrupts of this process
     jobs: dict[str, JobReport] = field(default_factory=dict)
     receipt_lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -80,6 +91,22 @@ class Harvest:
     other_failures: list[dict[str, Any]] = field(default_factory=list)
     report_lines: list[str] = field(default_factory=list)
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    status: str = ""  # the summary's last line: status: COMPLETE (…) / FAILED (…) / INTERRUPTED (…)
+    exit_status: int | None = None  # what the session's exit status should become, if worse
+
+    def note_job(self, nodeid: str, data: dict[str, Any], outcome: str, reason: str | None) -> None:
+        """A job's report handed over directly (the job was interrupted, so pytest reports
+        nothing for it)."""
+        job = self.jobs.setdefault(nodeid, JobReport(gpu=data["gpu"], slice=data["slice"],
+                                                     kind=data["kind"]))
+        self._apply(job, data)
+        job.outcome, job.reason = outcome, reason
+
+    @staticmethod
+    def _apply(job: JobReport, data: dict[str, Any]) -> None:
+        for k, v in data.items():
+            if hasattr(job, k) and v is not None:
+                setattr(job, k, v)
 
     # -- hooks ---------------------------------------------------------------------------------
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -95,9 +122,7 @@ class Harvest:
         if job is None:
             job = self.jobs[report.nodeid] = JobReport(gpu=data["gpu"], slice=data["slice"],
                                                        kind=data["kind"])
-        for k, v in (data or {}).items():
-            if hasattr(job, k) and v is not None:
-                setattr(job, k, v)
+        self._apply(job, data or {})
         worker = getattr(getattr(report, "node", None), "gateway", None)  # xdist's gw0, gw1, …
         if worker is not None:
             job.worker = str(worker.id)
@@ -121,84 +146,214 @@ class Harvest:
         return sorted(f for f in files if f.is_file())
 
     def finish(self) -> None:
-        self._release_leftover_leases()
-        files = self.rows_files()
+        """Merge what no job merged, back up once, rewrite the ledger, settle leases."""
         m = self.merge_info = {
-            "state": "nothing to merge", "db": str(self.db_path), "rows_files": [str(f) for f in files],
+            "state": "nothing to merge", "db": str(self.db_path), "rows_files": [str(f) for f in self.rows_files()],
             "rows_skipped": 0, "merged": 0, "new": 0, "replaced": 0, "kept": 0, "duplicate": 0,
-            "per_card": {}, "per_card_regime": {}, "backup": None, "error": None,
-            "merge_command": None, "warnings": []}
-        if not files:
-            if any(j.benched for j in self.jobs.values()):
-                self.receipt_lines.append("merge: no rows came back")
-                m["state"] = "no rows came back"
+            "rejected": 0, "rejected_files": [], "per_card": {}, "per_card_regime": {},
+            "backup": None, "error": None, "merge_command": None, "warnings": [], "leftovers": []}
+        leaving = bool(self.interrupts is not None and self.interrupts.leaving)
+        for j in self.jobs.values():  # the jobs' own merges and what earlier runs left
+            for part in (j.merge, j.leftovers):
+                if part.get("merged") is not None:
+                    self._count(part)
+            if j.leftovers.get("line"):
+                m["leftovers"].append(j.leftovers["line"])
+            if j.leftovers.get("error"):
+                self.problems.append(f"rows left by earlier runs could not be merged: "
+                                     f"{j.leftovers['error']}")
+        if leaving:
+            self._left_at_once()
             return
-        by_hand = f"  python -m harness merge {' '.join(str(f) for f in files)} --db {self.db_path}"
+        self._settle_leases()
+        unmerged = [Path(j.rows_file) for j in self.jobs.values()
+                    if j.rows_file and j.merge.get("state") != "merged" and Path(j.rows_file).is_file()]
+        unmerged = sorted(set(unmerged))
+        by_hand = (f"  python -m harness merge {' '.join(str(f) for f in unmerged)} --db {self.db_path}"
+                   if unmerged else "")
         if self.no_merge:
-            self.receipt_lines += ["merge skipped (--no-merge); to merge by hand:", by_hand]
-            m.update(state="skipped (--no-merge)", merge_command=by_hand.strip())
+            if unmerged:
+                self.receipt_lines += ["merge skipped (--no-merge); to merge by hand:", by_hand]
+                m.update(state="skipped (--no-merge)", merge_command=by_hand.strip())
             return
-        from harness.store import NodeStore, RowError, format_receipt, read_rows_file, row_to_node
+        if unmerged:
+            self._merge_now(unmerged, by_hand)
+        elif m["merged"]:
+            m["state"] = "merged"
+        elif any(j.benched for j in self.jobs.values()):
+            self.receipt_lines.append("merge: no rows came back")
+            m["state"] = "no rows came back"
+        if m["merged"] or m["leftovers"]:
+            self._close_out()
 
-        rows: list[dict[str, Any]] = []
-        for f in files:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                got, bad = read_rows_file(f)
-            m["warnings"].extend(str(w.message) for w in caught)
-            m["rows_skipped"] += bad
-            # A whole line that is no row (a damaged value) must not keep every other job's
-            # rows out of the one merge: it is skipped here, counted and shown; the file keeps it.
-            refused: list[str] = []
-            for row in got:
-                try:
-                    row_to_node(row)
-                except RowError as exc:
-                    refused.append(str(exc))
-                    continue
-                rows.append(row)
-            if refused:
-                m["warnings"].append(f"{f}: skipped {len(refused)} row(s) that cannot be merged "
-                                     f"(first: {refused[0]}); merging the other "
-                                     f"{len(got) - len(refused)}")
-                m["rows_skipped"] += len(refused)
-        self.problems.extend(m["warnings"])
+    def _count(self, part: dict[str, Any]) -> None:
+        m = self.merge_info
+        for k in ("merged", "new", "replaced", "kept", "duplicate", "rejected"):
+            m[k] += int(part.get(k) or 0)
+        if part.get("rejected_file") and part["rejected_file"] not in m["rejected_files"]:
+            m["rejected_files"].append(part["rejected_file"])
+        if part.get("first_rejected") and not m.get("first_rejected"):
+            m["first_rejected"] = part["first_rejected"]
+        m["changed"] = bool(m.get("changed") or part.get("changed"))
+
+    def _merge_now(self, files: list[Path], by_hand: str) -> None:
+        """Merge rows files that no job merged (its merge failed, or its worker died)."""
+        from harness.intake import source
+        from harness.rows import RejectedRows
+        from harness.store import NodeStore, RowsFile, receipt_dict
+
+        m = self.merge_info
+        rejected_dir = (self.rows_dir or self.db_path.parent) / "rejected"
+        try:
+            shield = self.interrupts.shielded() if self.interrupts else _nothing()
+            with shield, NodeStore(self.db_path) as store:
+                receipt = store.merge_files(
+                    [RowsFile(f, source(f.parent.name, f.name) if f.parent.name.startswith("bench-")
+                              else None) for f in files],
+                    RejectedRows(rejected_dir / f"session-end-{os.getpid()}.jsonl"))
+            self._count(receipt_dict(receipt))
+            m["state"] = "merged"
+        except Exception as exc:  # noqa: BLE001 - the rows files stay; say how to retry
+            self.receipt_lines += [f"MERGE FAILED: {exc}", "the rows are kept; merge them by hand "
+                                   "with (or run again: the next run merges them first):", by_hand]
+            m.update(state="failed", error=str(exc), merge_command=by_hand.strip())
+
+    def _close_out(self) -> None:
+        """After the merges: the receipt, the cards' counts, one backup, the ledger."""
+        from harness.ledger import Ledger
+        from harness.store import MergeReceipt, NodeStore, format_receipt
+
+        m = self.merge_info
         try:
             with NodeStore(self.db_path) as store:
-                receipt = store.merge(rows)
-                m.update(state="merged", merged=receipt.rows_read, new=receipt.inserted,
-                         replaced=receipt.replaced, kept=receipt.kept, duplicate=receipt.duplicates,
-                         per_card=dict(receipt.per_card),
-                         per_card_regime={g: dict(r) for g, r in receipt.per_card_regime.items()})
-                self.receipt_lines.extend(format_receipt(receipt).splitlines())
+                counts: dict[str, dict[str, int]] = {}
+                for gpu, regime, n in store._conn.execute(
+                        "SELECT gpu, regime, COUNT(*) FROM node GROUP BY gpu, regime"):
+                    counts.setdefault(gpu, {})[regime] = n
+                m["per_card_regime"] = counts
+                m["per_card"] = {g: sum(r.values()) for g, r in counts.items()}
+                total = MergeReceipt(rows_read=m["merged"], inserted=m["new"], replaced=m["replaced"],
+                                     kept=m["kept"], duplicates=m["duplicate"], per_card=m["per_card"],
+                                     per_card_regime=counts)
+                self.receipt_lines.extend(m["leftovers"])
+                self.receipt_lines.extend(format_receipt(total).splitlines())
                 self.receipt_lines.append(f"db: {self.db_path}")
-                if receipt.inserted or receipt.replaced:
+                if m.get("changed") or m["new"] or m["replaced"]:
                     backup = store.backup()
                     m["backup"] = str(backup)
                     self.receipt_lines.append(f"backup: {backup}")
-        except Exception as exc:  # noqa: BLE001 - the rows files stay; say how to retry
-            self.receipt_lines += [f"MERGE FAILED: {exc}", "the rows are kept; merge them by hand with:",
-                                   by_hand]
-            m.update(state="failed", error=str(exc), merge_command=by_hand.strip())
+                if self.ledger_path is not None:
+                    bound = {"id": store.db_id, "path": str(self.db_path)}
+                    Ledger.from_records(store.ledger_records(), bound).save(self.ledger_path)
+        except Exception as exc:  # noqa: BLE001 - the merges have committed; say what failed
+            self.problems.append(f"after the merge: {exc}")
+        if m["rejected"]:
+            files = ", ".join(m["rejected_files"])
+            self.problems.append(f"rejected {m['rejected']} row(s) that cannot be merged; they are "
+                                 f"set aside with their reasons in {files} (first: "
+                                 f"{m.get('first_rejected')})")
+            self.exit_status = pytest.ExitCode.TESTS_FAILED
 
-    def _release_leftover_leases(self) -> None:
-        """A worker that died could not release its server: do it here (unless kept)."""
+    def _left_at_once(self) -> None:
+        where = self.rows_dir or "the rows folder"
+        self.receipt_lines += [
+            f"left at once ({self.interrupts.signame} twice): nothing more was fetched or merged",
+            "the rows measured so far are on the box (and in "
+            f"{where}); the next run with this node table merges them first"]
+        self.merge_info["state"] = "left at once"
+
+    def _settle_leases(self) -> None:
+        """This session's leases still on disk are released; another session's only once its
+        controller is provably gone (its rows are merged first); the rest are listed."""
         if self.leases_dir is None or not self.leases_dir.is_dir():
             return
+        from harness.owner import Owner
         from harness.remote.providers import Lease
 
         for path in sorted(self.leases_dir.glob("*.json")):
-            lease = Lease.load(path)
-            if self.keep_server:
+            try:
+                lease = Lease.load(path)
+            except (OSError, ValueError, TypeError) as exc:
+                self.problems.append(f"lease {path} cannot be read ({exc}); release that server by hand")
+                continue
+            owner = Owner.from_data(lease.owner)
+            mine = owner is not None and owner.session == self.session
+            if self.keep_server and mine:
                 self.problems.append(f"server kept (--keep-server): {lease.target}; release it "
                                      f"with: {lease.release_command}")
                 continue
+            gone = owner.gone() if owner is not None else None
+            if not mine and not gone:
+                who = owner.describe() if owner else "a run of an older version"
+                self.report_lines.append(f"note: server {lease.target} was rented by another run "
+                                         f"({who}), which may still use it; left alone. Release "
+                                         f"it once it is done with: {lease.release_command}")
+                continue
+            if not mine and lease.db_id and lease.db_id == self._db_id():
+                try:
+                    line = self._harvest_lease(lease)
+                except Exception as exc:  # noqa: BLE001 - keep it: it may hold rows
+                    self.problems.append(f"server {lease.target} of a run that is gone may hold "
+                                         f"rows not merged yet, and fetching them failed ({exc}); it "
+                                         f"is kept. Release it with: {lease.release_command}")
+                    continue
+                if line:
+                    self.receipt_lines.append(line)
             try:
                 lease.release()
-                self.receipt_lines.append(f"released leftover server {lease.target}")
+                self.receipt_lines.append(f"released {'leftover ' if mine else 'abandoned '}"
+                                          f"server {lease.target}")
             except Exception as exc:  # noqa: BLE001 - say exactly how to release by hand
                 self.problems.append(f"could not release {lease.target}: {exc}; release it with: "
                                      f"{lease.release_command}")
+
+    def _db_id(self) -> str | None:
+        from harness.collection import _read_db_id
+
+        return _read_db_id(self.db_path)
+
+    def _harvest_lease(self, lease: Any) -> str:
+        """Fetch and merge what a gone run left on the server it rented."""
+        from harness.boxctl import DEFAULT_BASE, BoxDriver
+        from harness.intake import take_in_leftovers
+        from harness.owner import Owner
+        from harness.remote.boxdir import BoxLock
+        from harness.remote.ssh import SSHTransport, parse_remote
+        from harness.remote.tmux import Tmux
+        from harness.rows import RejectedRows
+        from harness.store import NodeStore
+
+        known = self.options.get("known_hosts")
+        transport = SSHTransport(parse_remote(lease.target),
+                                 key_filename=Path(lease.ssh_key).expanduser() if lease.ssh_key else None,
+                                 known_hosts=Path(known).expanduser() if known else None)
+        try:
+            transport.connect()
+            driver = BoxDriver(transport=transport, tmux=Tmux(transport, lease.extra.get("tmux_socket")),
+                               base=lease.extra.get("box_dir") or DEFAULT_BASE, poll_s=5.0)
+            driver.lock = BoxLock(transport, driver.base, Owner.here(self.session))
+            driver.lock.acquire()
+            try:
+                driver.settle_orphan(lambda line: None, wait_s=600)
+                db_id = self._db_id() or ""
+
+                def merge(files: list[Any]) -> Any:
+                    with NodeStore(self.db_path) as store:
+                        return store.merge_files(files, RejectedRows(
+                            (self.rows_dir or self.db_path.parent) / "rejected" / f"lease-{os.getpid()}.jsonl"))
+
+                got = take_in_leftovers(driver, db_path=self.db_path, db_id=db_id,
+                                        rows_dir=self.rows_dir or self.db_path.parent / "rows",
+                                        current_run="", merge=merge, say=lambda line: None)
+            finally:
+                driver.lock.release()
+        finally:
+            transport.close()
+        if got.get("error"):
+            raise RuntimeError(got["error"])
+        if got.get("merged") is not None:
+            self._count(got)
+        return got.get("line", "")
 
     # -- --report-json ---------------------------------------------------------------------------
     def report(self, exitstatus: int) -> dict[str, Any]:
@@ -213,7 +368,8 @@ class Harvest:
                 statuses[k] = statuses.get(k, 0) + int(v)
         outcomes = [j.outcome for j in self.jobs.values()]
         totals = {"jobs": {"total": len(jobs), **{o: outcomes.count(o) for o in
-                                                  ("passed", "failed", "skipped", "unfinished")}},
+                                                  ("passed", "failed", "skipped", "interrupted",
+                                                   "unfinished")}},
                   "benched": sum(j.benched for j in self.jobs.values()),
                   "ok": sum(j.ok for j in self.jobs.values()),
                   "failed": sum(j.failed for j in self.jobs.values()),
@@ -249,7 +405,7 @@ class Harvest:
         else:
             self.report_lines.append(f"report: {self.report_json}")
 
-    def summary_lines(self) -> list[str]:
+    def summary_lines(self, exitstatus: int = 0) -> list[str]:
         if not self.jobs:
             return list(self.report_lines)
         lines = ["", "=== collect-node-data summary ==="]
@@ -266,7 +422,39 @@ class Harvest:
         lines.extend(self.receipt_lines)
         lines.extend(f"warning: {p}" for p in self.problems)
         lines.extend(self.report_lines)
+        lines.append(self.status_line(exitstatus))
         return lines
+
+    def status_line(self, exitstatus: int) -> str:
+        """``status: COMPLETE (…)``, ``status: FAILED (…)`` or ``status: INTERRUPTED (…)``: one
+        line a script can read, as the original printed."""
+        m = self.merge_info
+        merge = m.get("state", "not run")
+        if int(exitstatus) == pytest.ExitCode.INTERRUPTED:
+            stopped = [j for j in self.jobs.values() if j.outcome == "interrupted"]
+            what = f"job {stopped[0].slice}-{stopped[0].kind} stopped and harvested" if stopped \
+                else "no job was running"
+            if merge == "left at once":
+                what = "left at once; the next run merges what is left"
+            return f"status: INTERRUPTED ({what}; {m.get('merged', 0)} rows merged)"
+        failed = [f"{j.slice}-{j.kind}" for j in self.jobs.values() if j.outcome == "failed"]
+        why = []
+        if failed:
+            why.append(f"{len(failed)} job(s) failed: {', '.join(failed[:4])}"
+                       + (", …" if len(failed) > 4 else ""))
+        if merge == "failed":
+            why.append("merge failed")
+        if m.get("rejected"):
+            why.append(f"{m['rejected']} row(s) rejected")
+        if self.other_failures:
+            why.append(f"{len(self.other_failures)} other test(s) failed")
+        if why or int(exitstatus) not in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+            return f"status: FAILED ({'; '.join(why) or f'exit status {int(exitstatus)}'})"
+        stop = "sweep stopped at --timeout-s" if any("--timeout-s" in j.state for j in self.jobs.values()) \
+            else "sweep done"
+        tail = {"merged": "merge done", "skipped (--no-merge)": "merge skipped: --no-merge",
+                "nothing to merge": "nothing to merge"}.get(merge, merge)
+        return f"status: COMPLETE ({stop} + {tail})"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -305,3 +493,8 @@ def _first_line(report: pytest.TestReport) -> str:
 def job_property(**data: Any) -> tuple[str, Any]:
     json.dumps(data)  # must cross the xdist wire
     return (PROP, data)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield

@@ -11,8 +11,11 @@ Regimes are independent: a point done in ``interpret`` still needs a ``deployabl
 Every mark counts an attempt; a terminal status (``ok``, ``bench_fail``) sticks and later
 marks are ignored; anything else is retried while attempts < ``MAX_ATTEMPTS``.
 
-The box rewrites its ledger after every batch and the controller folds it home with
-:meth:`Ledger.update`.  Writes are atomic (tmp + fsync + rename).  A file that cannot be read
+A ledger belongs to one node table: the controller makes it from the table's rows
+(:meth:`Ledger.from_records`), so a point is done only when its row is in that table, and
+pushes it to the box for one run; the box marks it as it measures (its marks are the run's
+working state; they come home only as rows, through the merge).  ``node_table`` in the file
+names the table (its id and path).  Writes are atomic (tmp + fsync + rename).  A file that cannot be read
 is not fatal: :meth:`Ledger.load` warns, keeps a copy of it, and starts fresh.  Stdlib only.
 """
 
@@ -25,7 +28,7 @@ import shutil
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,28 @@ class Ledger:
 
     def __init__(self) -> None:
         self._points: dict[str, dict[str, Any]] = {}
+        self.bound_to: dict[str, str] | None = None  # the node table it belongs to (id, path)
+
+    @classmethod
+    def from_records(cls, records: Iterable[tuple[str, str, str, str, int | None, str | None]],
+                     bound_to: dict[str, str] | None = None) -> Ledger:
+        """The ledger of a node table: one entry per measured leaf (point_key, spec, regime,
+        status, visits, error), its attempts the measurements the table absorbed.  A point is
+        done here only because its row is in that table."""
+        ledger = cls()
+        ledger.bound_to = bound_to
+        points = ledger._points
+        for key, spec, regime, status, visits, error in records:
+            if regime not in REGIMES or not isinstance(status, str) or not status:
+                continue
+            entry = points.setdefault(key, {"spec": spec})
+            if entry["spec"] != spec:
+                continue  # a legacy row with a colliding key: the first one stands
+            record: dict[str, Any] = {"status": status, "attempts": max(1, int(visits or 1))}
+            if error is not None and status not in TERMINAL:
+                record["error"] = str(error)
+            entry[regime] = record
+        return ledger
 
     # -- file I/O -----------------------------------------------------------------------
 
@@ -115,11 +140,17 @@ class Ledger:
         ledger = cls()
         assert isinstance(data, dict)
         ledger._points = copy.deepcopy(data["points"])
+        bound = data.get("node_table")
+        if isinstance(bound, dict):
+            ledger.bound_to = {str(k): str(v) for k, v in bound.items()}
         return ledger
 
     def to_dict(self) -> dict[str, Any]:
         """The file content as plain JSON-able data (a copy)."""
-        return {"version": VERSION, "points": copy.deepcopy(self._points)}
+        out: dict[str, Any] = {"version": VERSION, "points": copy.deepcopy(self._points)}
+        if self.bound_to:
+            out["node_table"] = dict(self.bound_to)
+        return out
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Ledger:

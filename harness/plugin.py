@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from harness.slices import SLICES
 COLLECTION_KEY = pytest.StashKey["Collection"]()
 CHECKED_KEY = pytest.StashKey[dict]()
 HARVEST_KEY = pytest.StashKey["Harvest"]()
+INTERRUPTS_KEY = pytest.StashKey["Interrupts"]()
+SESSION_KEY = pytest.StashKey[str]()
 JOB_FIXTURE = "sweep_job"
 
 
@@ -68,8 +71,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--keep-server", action="store_true", default=False,
                 help="do not release a rented server; print it and the command that releases it")
     g.addoption("--box-python", default=None,
-                help="python on the box that has (or can get) torch and triton; a remote box gets a "
-                     "venv over it (default python3; local: this python)")
+                help="the box's Python with torch and triton, used as it is (a venv, conda env or "
+                     "system Python; default python3, local: this python)")
+    g.addoption("--box-install", action="store_true", default=False,
+                help="when --box-python cannot import torch and triton, make BOX_DIR/venv with "
+                     "the pinned versions (downloads them); without it nothing is installed")
     g.addoption("--box-dir", default=None,
                 help="the harness folder on the box (default ~/.local/share/emmy/node-collect)")
     g.addoption("--rows-dir", default=None,
@@ -138,8 +144,8 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
             whole = whole or Path(o.box_dir).expanduser().resolve() in (
                 Path("/"), Path.home().resolve(), Path.cwd().resolve())
         if whole:
-            raise pytest.UsageError(f"--box-dir={o.box_dir}: the run makes this folder private "
-                                    "(chmod 700) and fills it; give a folder of its own, e.g. "
+            raise pytest.UsageError(f"--box-dir={o.box_dir}: the run fills this folder and keeps "
+                                    "it to itself; give a folder of its own, e.g. "
                                     "~/.local/share/emmy/node-collect")
     db = Path(o.db).expanduser() if o.db else None
     remote = None
@@ -229,19 +235,43 @@ def pytest_configure(config: pytest.Config) -> None:
     if len(checked["gpus"]) > 1 and getattr(config.option, "dist", "no") in ("load", "no") \
             and getattr(config.option, "numprocesses", None):
         config.option.dist = "loadgroup"  # one xdist group (one worker, one server) per card
-    if not hasattr(config, "workerinput"):  # the process that sees every report
-        from harness.harvest import Harvest
-        from harness.store import default_db_path
+    from harness.interrupts import Interrupts
 
-        db_path = checked["db"] or default_db_path()
-        harvest = Harvest(db_path=db_path, no_merge=config.option.no_merge,
-                          budget_s=config.option.budget_s,
-                          leases_dir=default_state_dir() / "leases",
-                          keep_server=config.option.keep_server,
-                          report_json=checked["report_json"],
-                          options=_report_options(config, checked, db_path))
-        config.stash[HARVEST_KEY] = harvest
-        config.pluginmanager.register(harvest, "emmy-harvest")
+    interrupts = config.stash[INTERRUPTS_KEY] = Interrupts()
+    interrupts.install()
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None:
+        config.stash[SESSION_KEY] = str(worker_input.get("emmy_session") or secrets.token_hex(6))
+        return
+    config.stash[SESSION_KEY] = secrets.token_hex(6)
+    # the process that sees every report
+    from harness.harvest import Harvest
+    from harness.store import default_db_path
+
+    db_path = checked["db"] or default_db_path()
+    o = config.option
+    state = default_state_dir()
+    harvest = Harvest(db_path=db_path, no_merge=o.no_merge, budget_s=o.budget_s,
+                      leases_dir=state / "leases", keep_server=o.keep_server,
+                      report_json=checked["report_json"],
+                      options=_report_options(config, checked, db_path),
+                      ledger_path=Path(o.ledger).expanduser() if o.ledger else state / "ledger.json",
+                      rows_dir=Path(o.rows_dir).expanduser() if o.rows_dir else state / "rows",
+                      session=config.stash[SESSION_KEY], interrupts=interrupts)
+    config.stash[HARVEST_KEY] = harvest
+    config.pluginmanager.register(harvest, "emmy-harvest")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist: every worker belongs to this session (its leases are this session's)."""
+    node.workerinput["emmy_session"] = node.config.stash[SESSION_KEY]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    interrupts = config.stash.get(INTERRUPTS_KEY, None)
+    if interrupts is not None:
+        interrupts.uninstall()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -275,7 +305,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     others = [it for it in items if it not in jobs]
     jobs.sort(key=lambda it: rank[it.callspec.params[JOB_FIXTURE]])
     items[:] = jobs + others
-    config.stash[COLLECTION_KEY] = Collection(config, checked, order)
+    config.stash[COLLECTION_KEY] = Collection(
+        config, checked, order, interrupts=config.stash[INTERRUPTS_KEY],
+        session=config.stash[SESSION_KEY], harvest=config.stash.get(HARVEST_KEY, None))
 
 
 def _report_options(config: pytest.Config, checked: dict[str, Any], db_path: Path) -> dict[str, Any]:
@@ -295,19 +327,30 @@ def _report_options(config: pytest.Config, checked: dict[str, Any], db_path: Pat
             "numprocesses": getattr(o, "numprocesses", None)}
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After the session's fixtures are torn down (boxes unlocked, servers released): merge
+    what is left, back up, write the report; rows that were rejected fail the session."""
     harvest = session.config.stash.get(HARVEST_KEY, None)
-    if harvest is not None:
-        try:
-            harvest.finish()
-        finally:  # also when the merge or a release raised: write what is known
-            harvest.write_report(exitstatus)
+    if harvest is None:
+        return
+    try:
+        harvest.finish()
+    except KeyboardInterrupt:  # a second Ctrl-C: leave at once, still say what is where
+        harvest.interrupts.count = max(harvest.interrupts.count, 2)
+        harvest._left_at_once()
+    finally:  # also when the merge or a release raised: write what is known
+        if harvest.exit_status is not None and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = harvest.exit_status
+        harvest.write_report(session.exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     harvest = config.stash.get(HARVEST_KEY, None)
     if harvest is not None:
-        for line in harvest.summary_lines():
+        status = terminalreporter._session.exitstatus if getattr(terminalreporter, "_session", None) \
+            else exitstatus
+        for line in harvest.summary_lines(status):
             terminalreporter.write_line(line)
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "digest",
     "format_receipt",
     "read_rows_file",
+    "receipt_dict",
     "row_to_node",
     "upsert_decision",
 ]
@@ -340,6 +341,14 @@ def check_db(path: str | os.PathLike[str]) -> None:
         raise StoreError(_unreadable_version(path, found[0])) from None
     if version > SCHEMA_VERSION:
         raise StoreError(_newer_schema(path, version))
+
+
+def receipt_dict(r: MergeReceipt) -> dict[str, Any]:
+    """A merge receipt as plain JSON-able values (for job reports and --report-json)."""
+    return {"merged": r.rows_read, "new": r.inserted, "replaced": r.replaced, "kept": r.kept,
+            "duplicate": r.duplicates, "rejected": r.rejected,
+            "rejected_file": str(r.rejected_file) if r.rejected_file else None,
+            "first_rejected": r.first_rejected, "changed": r.changed}
 
 
 def format_receipt(receipt: MergeReceipt) -> str:

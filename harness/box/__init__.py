@@ -3,6 +3,10 @@
 import os
 from pathlib import Path
 
+# What ``--box-install`` puts in BOX_DIR/venv (and the ``box`` extra of pyproject.toml pins):
+# the versions the kernels and timings were checked with on an H200.
+BOX_PINS = ("torch==2.11.0", "triton==3.6.0", "numpy<2.3")
+
 
 def process_age_s() -> float:
     """Seconds since this process started (Linux /proc; 0 elsewhere): the budget counts the

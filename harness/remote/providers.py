@@ -2,7 +2,8 @@
 
 A :class:`Lease` is written to disk the moment a server exists and removed once it is
 released, so a run that dies (a killed worker, Ctrl-C) still leaves the exact release command
-behind, and the session's harvest releases any lease left over.
+behind.  A lease names the controller that rented it: a session releases its own leases, and
+another session's only once that controller is provably gone (see ``harness.harvest``).
 
 Providers run command-line tools by argv (never through a shell): ``command`` wraps any
 cloud CLI the user names; ``skypilot`` drives SkyPilot's ``sky`` CLI.
@@ -60,6 +61,8 @@ class Lease:
     ssh_key: str | None = None
     path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    owner: dict[str, Any] | None = None  # the controller that rented it (harness.owner.Owner)
+    db_id: str | None = None  # the node table its rows belong to
 
     @property
     def release_command(self) -> str:
@@ -79,7 +82,8 @@ class Lease:
     def load(cls, path: Path) -> Lease:
         data = json.loads(path.read_text())
         data["path"] = str(path)
-        return cls(**data)
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def release(self, runner: Runner = run_argv, timeout: float = 1800) -> None:
         _checked(runner, self.release_argv, timeout, f"releasing {self.target}")

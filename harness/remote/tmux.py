@@ -61,10 +61,11 @@ class Tmux:
     def kill(self, name: str) -> None:
         self.transport.run([*self._base(), "kill-session", "-t", f"={name}"], check=False, timeout=60)
 
-    def poll(self, name: str, *, log: str, status: str) -> JobState:
-        """One short call: is the session alive, its exit status if any, the log's last line."""
+    def poll(self, name: str, *, log: str, status: str, extra: str = "") -> JobState:
+        """One short call: is the session alive, its exit status if any, the log's last line
+        (``extra``, a shell fragment of our own, runs first: the box lock's heartbeat)."""
         base = shlex.join(self._base())
-        script = (f"if {base} has-session -t {shlex.quote('=' + name)} 2>/dev/null; "
+        script = (f"{extra + '; ' if extra else ''}if {base} has-session -t {shlex.quote('=' + name)} 2>/dev/null; "
                   f"then echo SESS=ALIVE; else echo SESS=DEAD; fi; "
                   f"echo STATUS=$(cat {shlex.quote(status)} 2>/dev/null); "
                   f"echo LAST=$(tail -n 1 {shlex.quote(log)} 2>/dev/null)")
