@@ -39,6 +39,8 @@ def test_sweep(sweep_job, collection, boxes, progress, record_property, request)
     if out.state in ("died", "failed"):
         pytest.fail(f"{job.id} on {box.card.name}: the sweep job {out.state}; tail of sweep.log:\n"
                     f"{out.log_tail}", pytrace=False)
+    if out.fetch_error:
+        pytest.fail(f"{job.id}: {out.fetch_error}", pytrace=False)
     if result.merge_error:
         pytest.fail(f"{job.id}: its {result.stat('benched')} rows were measured but could not be "
                     f"merged: {result.merge_error}. They are kept in {out.rows_path} (and on the "

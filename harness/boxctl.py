@@ -55,6 +55,7 @@ class JobOutcome:
     elapsed_s: float = 0.0
     remote_rows: str = ""  # where the rows file is on the box
     interrupted: Interrupted | None = None
+    fetch_error: str | None = None  # the rows could not be brought home (they stay on the box)
 
 
 @dataclass
@@ -311,8 +312,14 @@ mv {status}.tmp {status}
         try:
             self._while_unreachable(f"fetching the rows of {name}", harvest, on_line)
         except BoxError as exc:
-            raise BoxError(f"{exc}; the rows stay on the box in {rows}: the next run with this "
-                           "node table merges them first") from None
+            outcome.fetch_error = (f"{exc}; the rows stay on the box in {rows}: the next run with "
+                                   "this node table merges them first")
+        except OSError as exc:  # the home disk (--rows-dir) is full or not writable
+            outcome.rows_path = None
+            outcome.fetch_error = (f"its rows could not be brought home to {local_rows}: "
+                                   f"{exc.strerror or exc} (--rows-dir); they stay on the box in "
+                                   f"{rows}, and the next run with this node table merges them "
+                                   "first")
         if not outcome.summary and outcome.rows_path:
             # the job was ended before it wrote its summary: count what its rows file holds
             outcome.summary = _count_rows(outcome.rows_path)

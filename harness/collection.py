@@ -214,8 +214,13 @@ class Collection:
         progress(f"box {transport.name}: card {card.name} ({probe['regime']}); planning pools")
         record = owner_record(self.owner, run_id=self.run_id, db_id=self.db_id,
                               db_path=str(self.db_path), merge=self.merging, gpu=gpu)
-        write_owner(self.rows_dir / self.run_id / "owner.json", record)
-        ledger = self._ledger()
+        try:
+            write_owner(self.rows_dir / self.run_id / "owner.json", record)
+            ledger = self._ledger()
+        except OSError as exc:
+            raise BoxError(f"cannot write {exc.filename or 'the state files'}: "
+                           f"{exc.strerror or exc} (--rows-dir, --ledger); free space or choose "
+                           "another folder; nothing was measured") from None
         driver.start_run(self.run_id, record, self.ledger_path)
         pool = driver.plan(pool_args(self._opts()), driver.run_ledger(self.run_id))
         mine = [k for k in self.order if k[0] == gpu]
@@ -246,9 +251,16 @@ class Collection:
         before anything is measured; say how much."""
         if not self.merging or self.db_id is None:
             return {}
-        return take_in_leftovers(driver, db_path=self.db_path, db_id=self.db_id,
-                                 rows_dir=self.rows_dir, current_run=self.run_id,
-                                 merge=self._merge, say=progress)
+        try:
+            return take_in_leftovers(driver, db_path=self.db_path, db_id=self.db_id,
+                                     rows_dir=self.rows_dir, current_run=self.run_id,
+                                     merge=self._merge, say=progress)
+        except OSError as exc:  # the home disk: they stay where they are for the next run
+            msg = (f"rows left by earlier runs could not be brought home: {exc.strerror or exc} "
+                   f"({exc.filename or self.rows_dir}); they stay on the box for the next run")
+            progress(msg)
+            warnings.warn(CollectWarning(msg), stacklevel=1)
+            return {"error": msg}
 
     def _merge(self, files: list[RowsFile]) -> MergeReceipt:
         """Merge rows files into the node table now; a first Ctrl-C waits until it is done."""

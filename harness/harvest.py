@@ -149,7 +149,7 @@ class Harvest:
         """Merge what no job merged, back up once, rewrite the ledger, settle leases."""
         m = self.merge_info = {
             "state": "nothing to merge", "db": str(self.db_path), "rows_files": [str(f) for f in self.rows_files()],
-            "rows_skipped": 0, "merged": 0, "new": 0, "replaced": 0, "kept": 0, "duplicate": 0,
+            "merged": 0, "new": 0, "replaced": 0, "kept": 0, "duplicate": 0,
             "rejected": 0, "rejected_files": [], "per_card": {}, "per_card_regime": {},
             "backup": None, "error": None, "merge_command": None, "warnings": [], "leftovers": []}
         leaving = bool(self.interrupts is not None and self.interrupts.leaving)
@@ -249,9 +249,10 @@ class Harvest:
             self.problems.append(f"after the merge: {exc}")
         if m["rejected"]:
             files = ", ".join(m["rejected_files"])
-            self.problems.append(f"rejected {m['rejected']} row(s) that cannot be merged; they are "
-                                 f"set aside with their reasons in {files} (first: "
-                                 f"{m.get('first_rejected')})")
+            line = (f"rejected {m['rejected']} row(s) that cannot be merged; they are set aside "
+                    f"with their reasons in {files} (first: {m.get('first_rejected')})")
+            self.problems.append(line)
+            m["warnings"].append(line)
             self.exit_status = pytest.ExitCode.TESTS_FAILED
 
     def _left_at_once(self) -> None:

@@ -582,7 +582,8 @@ class NodeStore:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
         rejected_file = rejected.commit() if rejected is not None else None
-        receipt = self._receipt(totals["rows"], tally, per_card_regime)
+        n_rejected = rejected.count if rejected else 0
+        receipt = self._receipt(totals["rows"] - n_rejected, tally, per_card_regime)
         return MergeReceipt(
             **{**receipt.__dict__, "files": len(files),
                "rejected": rejected.count if rejected else 0, "rejected_file": rejected_file,
@@ -817,7 +818,20 @@ def _parse_pool() -> Any:
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = int(os.environ.get("EMMY_MERGE_WORKERS", 0)) or max(1, min(4, cpus or 1))
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                               initializer=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    """A helper of a merge that is killed (SIGKILL) ends with it (Linux; elsewhere it ends
+    when it next reads its closed queue)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _checked_nodes(path: Path, now: str, at: datetime,

@@ -178,13 +178,15 @@ def leaks(roots: Iterable[Path], secrets_: Iterable[str]) -> list[str]:
     return found
 
 
-def assert_private_box(box: Path, run_id: str, job: str) -> None:
-    """The box folder and its rows/summary folders are 0700, this run's rows file 0600, and
-    nothing in the box folder can be written by others."""
-    for d in (box, box / "rows", box / "summary", box / "rows" / run_id, box / "summary" / run_id):
+def assert_private_box(box: Path, run_id: str, job: str, made_here: bool = True) -> None:
+    """The run's folders are 0700 and its rows file 0600; the box folder and its rows/summary
+    folders too when the run made them (a folder it did not make keeps its mode); nothing in
+    the box folder can be written by others."""
+    made = (box, box / "rows", box / "summary") if made_here else ()
+    for d in (*made, box / "rows" / run_id, box / "summary" / run_id):
         assert mode(d) == 0o700, f"{d} is {oct(mode(d))}"
     assert mode(box / "rows" / run_id / f"{job}.jsonl") == 0o600
-    assert mode(box / "ledger.json") & 0o022 == 0
+    assert mode(box / "rows" / run_id / "ledger.json") & 0o022 == 0
     writable = [str(p) for p in box.rglob("*") if not p.is_symlink() and mode(p) & 0o022]
     assert writable == []
 
@@ -397,8 +399,7 @@ def _cut_mid_line(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     cut = json.dumps(row(3), sort_keys=True)
     path.write_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
                      + cut[: len(cut) // 2].encode())
-    return rows, [r"rows.jsonl: skipped 1 corrupt or truncated line\(s\), first at line 4; "
-                  r"merging the 3 whole row\(s\)"]
+    return rows, [r"rows.jsonl:4: cut off \(no newline at its end"]
 
 
 def _corrupt_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -411,32 +412,39 @@ def _corrupt_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         json.dumps(row(9, status="fine")).encode() + b"\n",
         json.dumps(rows[2]).encode() + b"\n",
     ]))
-    return rows, [r"rows.jsonl: skipped 1 corrupt or truncated line\(s\), first at line 2; "
-                  r"merging the 4 whole row\(s\)",
-                  r"rows.jsonl: skipped 1 row\(s\) that cannot be merged \(first: row .* has status "
-                  r"'fine'; valid statuses: .*\); merging the other 3"]
+    return rows, [r"rows.jsonl:2: not UTF-8 text", r"rows.jsonl:4: row .* has status 'fine'; "
+                  r"valid statuses: "]
 
 
 @pytest.mark.parametrize("damage", [_cut_mid_line, _corrupt_lines], ids=["cut-mid-line", "corrupt-lines"])
-def test_damaged_rows_file_merges_its_whole_rows_and_the_summary_says_so(
+def test_damaged_rows_file_merges_its_whole_rows_sets_the_rest_aside_and_fails(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
         damage: Callable[[Path], tuple[list[dict[str, Any]], list[str]]]) -> None:
     tmp = pytester.path
     monkeypatch.setenv("EMMY_STATE_DIR", str(tmp / "state"))
     rows_file = tmp / "rows.jsonl"
-    whole, warnings_ = damage(rows_file)
+    whole, reasons = damage(rows_file)
     pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
     pytester.makepyfile(test_job=HARVEST_JOB.format(gpu=GPU, rows=str(rows_file)))
     db = tmp / "db" / "autotune.db"
     result = pytester.runpytest("-p", "no:cacheprovider", f"--db={db}")
-    assert result.ret == pytest.ExitCode.OK, result.outlines[-30:]
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.outlines[-30:]
+    n_bad = len(reasons)
     result.stdout.re_match_lines([
         r"=== collect-node-data summary ===",
         r"merged 3 node rows \(3 new, 0 replaced, 0 kept, 0 duplicate\)",
-        *(f"warning: .*{w}" for w in warnings_),
+        rf"warning: rejected {n_bad} row\(s\) that cannot be merged; they are set aside with "
+        rf"their reasons in .*rejected.* \(first: .*{reasons[0]}",
+        rf"status: FAILED \({n_bad} row\(s\) rejected\)",
     ], consecutive=False)
     assert set(db_rows(db)) == {r["point_key"] for r in whole}
     assert integrity(db) == "ok"
+    (kept,) = (tmp / "state" / "rows" / "rejected").glob("*.jsonl")
+    got = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert len(got) == n_bad
+    for entry, reason in zip(got, reasons, strict=True):
+        assert re.search(reason, f"{entry['source']}:{entry['line']}: {entry['reason']}")
+    assert rows_file.exists()  # the rows file itself is left as it was
 
 
 # ---------------------------------------------------------------- the box
@@ -474,10 +482,11 @@ def test_a_sweep_already_running_on_the_box_is_refused_and_left_alone(tmp_path: 
                status=str(tmp_path / "other.status"))
     driver = BoxDriver(transport=t, tmux=tmux, base=str(tmp_path / "box"))
     with pytest.raises(BoxError, match=(
-            rf"a sweep is already running on local \(tmux session '{SWEEP_SESSION}'\); watch it with "
+            rf"a sweep is already running on local \(tmux session '{SWEEP_SESSION}'\) that no run "
+            rf"of this box folder started; watch it with "
             rf"`tmux -L {tmux_socket} attach -t {SWEEP_SESSION}` or end it with "
             rf"`tmux -L {tmux_socket} kill-session -t {SWEEP_SESSION}`, then run again")):
-        driver.refuse_if_busy()  # the first thing a collection does with a box
+        driver.settle_orphan(print)  # what a collection does once it holds the box's lock
     assert tmux.alive(SWEEP_SESSION)  # the other sweep goes on
     assert not (tmp_path / "box").exists()
 
@@ -487,11 +496,13 @@ def test_a_full_disk_fails_the_job_keeps_its_rows_and_marks_only_them(tmp_path: 
                                                                       tmux_socket: str) -> None:
     box = tmp_path / "box"
     (box / "rows").mkdir(parents=True)
+    (box / ".collect-node-data").touch()  # the box folder of an earlier run
     # a stale "success" of an earlier job: this job's real outcome must win
     (box / "sweep.status").write_text("0\n")
     with tmpfs(box / "rows", "64k"):
         # two 4 KiB pages left: a few interpreter rows (~1.3 KB each) fit, then no space
-        (box / "rows" / "filler").write_bytes(b"\0" * 14 * 4096)
+        # (the run's folder takes two pages for its owner record and ledger)
+        (box / "rows" / "filler").write_bytes(b"\0" * 12 * 4096)
         r = collect(tmp_path, tmux_socket, "--budget-s=120", "--batch=2", "--tail-cap=20",
                     "-k", "tail and rms_norm")
         (on_box,) = (box / "rows").glob("bench-*/tail-rms_norm.jsonl")
@@ -526,10 +537,16 @@ def test_stale_status_and_rows_of_an_earlier_run_are_never_used(tmp_path: Path,
     for where in (box / "rows" / stale, tmp_path / "state" / "rows" / stale):
         where.mkdir(parents=True)
         planted.append(write_rows(where / "tail-softmax.jsonl", [stale_row]))
+        # a run of another node table: never merged into this one
+        planted.append(where / "owner.json")
+        planted[-1].write_text(json.dumps({"run_id": stale, "db_id": "another-node-table",
+                                           "merge": True}))
     (box / "summary" / stale).mkdir(parents=True)
     planted.append(box / "summary" / stale / "tail-softmax.json")
     planted[-1].write_text(json.dumps({"benched": 99, "ok": 99, "failed": 0, "run_id": stale}))
     (box / "sweep.status").write_text("0\n")  # the job's end is known only from its own status
+    (box / ".collect-node-data").touch()  # the box folder of an earlier run
+    box.chmod(0o755)
     planted_text = [p.read_text() for p in planted]
     token = secrets.token_hex(16)
 
@@ -547,9 +564,10 @@ def test_stale_status_and_rows_of_an_earlier_run_are_never_used(tmp_path: Path,
     merged = db_rows(tmp_path / "db" / "autotune.db")
     assert merged == {x["point_key"]: (x["measured_at"], run_id) for x in rows}
     assert [p.read_text() for p in planted] == planted_text  # left as they were
-    # private through the run, and no token anywhere
+    # private through the run, and no token anywhere; the folders the test made keep their mode
     assert_private_db(tmp_path)
-    assert_private_box(box, run_id, "tail-softmax")
+    assert mode(box) == 0o755
+    assert_private_box(box, run_id, "tail-softmax", made_here=False)
     assert leaks([tmp_path], [token]) == []
 
 
@@ -560,9 +578,6 @@ def test_stale_status_and_rows_of_an_earlier_run_are_never_used(tmp_path: Path,
 def test_an_ssh_run_leaks_no_key_or_token_and_keeps_the_box_private(sshd, tmp_path: Path,
                                                                    tmux_socket: str) -> None:
     box = tmp_path / "box"
-    # the box's venv made beforehand, without pip (tests/test_remote_e2e.py covers making it)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
-                    str(box / "venv")], check=True, capture_output=True)
     hf, emmy = secrets.token_hex(16), f"emmy-{secrets.token_urlsafe(24)}"
     r = collect(tmp_path, tmux_socket, "--gpu=auto", f"--remote={sshd.remote}",
                 f"--ssh-key={sshd.client_key}", f"--known-hosts={sshd.known_hosts}",

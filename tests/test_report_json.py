@@ -133,7 +133,8 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     assert by_status == own["statuses"]
     n_db = db.execute("select count(*) from node").fetchone()[0]
     t = rep["totals"]
-    assert t["jobs"] == {"total": 2, "passed": 1, "failed": 0, "skipped": 1, "unfinished": 0}
+    assert t["jobs"] == {"total": 2, "passed": 1, "failed": 0, "skipped": 1, "interrupted": 0,
+                                 "unfinished": 0}
     assert (t["benched"], t["ok"], t["failed"], t["statuses"]) == (
         own["benched"], own["ok"], own["failed"], own["statuses"])
     assert t["elapsed_s"] == own["elapsed_s"] and t["allotment_s"] == own["allotment_s"]
@@ -141,7 +142,7 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     # the merge, as the receipt printed it
     m = rep["merge"]
     assert m["state"] == "merged" and m["error"] is None and m["warnings"] == [] == rep["warnings"]
-    assert m["db"] == o["db"] and m["rows_files"] == [own["rows_file"]] and m["rows_skipped"] == 0
+    assert m["db"] == o["db"] and m["rows_files"] == [own["rows_file"]] and m["rejected"] == 0
     assert (m["merged"], m["new"], m["replaced"], m["kept"], m["duplicate"]) == (n_db, n_db, 0, 0, 0)
     assert n_db == t["benched"]
     receipt = next(RECEIPT.search(line) for line in r.stdout.splitlines() if RECEIPT.search(line))
@@ -220,7 +221,8 @@ def test_failed_job_and_failed_merge_are_in_the_report(seam: pytest.Pytester) ->
     assert died["reason"] == "the sweep job died; tail of sweep.log: killed"
     assert (skipped["outcome"], skipped["reason"]) == (
         "skipped", "no matmul points left to measure in the cross slice")
-    assert rep["totals"]["jobs"] == {"total": 3, "passed": 1, "failed": 1, "skipped": 1, "unfinished": 0}
+    assert rep["totals"]["jobs"] == {"total": 3, "passed": 1, "failed": 1, "skipped": 1, "interrupted": 0,
+                                 "unfinished": 0}
     assert (rep["totals"]["benched"], rep["totals"]["statuses"]) == (2, {"bench_fail": 1, "ok": 1})
     assert rep["other_failures"] == [{"nodeid": "test_jobs.py::test_not_a_job", "when": "call",
                                       "reason": "AssertionError: something else broke"}]
@@ -243,9 +245,10 @@ def test_merged_rows_and_warnings_are_in_the_report(seam: pytest.Pytester) -> No
                             f"--report-json={report}", "-k", "not not_a_job")
     assert result.ret == pytest.ExitCode.TESTS_FAILED  # test_died
     m = json.loads(report.read_text())["merge"]
-    assert (m["state"], m["merged"], m["new"], m["rows_skipped"]) == ("merged", 2, 2, 1)
+    assert (m["state"], m["merged"], m["new"], m["rejected"]) == ("merged", 2, 2, 1)
     assert m["per_card"] == {GPU: 2} and Path(m["backup"]).is_file()
-    assert len(m["warnings"]) == 1 and "skipped 1 corrupt or truncated line(s)" in m["warnings"][0]
+    assert len(m["warnings"]) == 1 and "rejected 1 row(s) that cannot be merged" in m["warnings"][0]
+    assert "rows.jsonl:3: cut off" in m["warnings"][0]
     result.stdout.fnmatch_lines([f"warning: {m['warnings'][0]}", f"report: {report}"], consecutive=False)
 
 

@@ -723,7 +723,7 @@ def test_cli_merge_sets_bad_rows_aside_merges_the_rest_and_fails(tmp_path: Path)
     kept = tmp_path / "kept.jsonl"
     done = run_cli("merge", str(rows), str(bad), "--no-backup", f"--rejected={kept}", cwd=tmp_path)
     assert done.returncode == 1
-    assert done.stdout.startswith("merged 3 node rows (1 new, 0 replaced, 0 kept, 0 duplicate)")
+    assert done.stdout.startswith("merged 1 node rows (1 new, 0 replaced, 0 kept, 0 duplicate)")
     assert f"error: rejected 2 row(s) that cannot be merged; they are set aside with their " \
            f"reasons in {kept}" in done.stderr
     reasons = [json.loads(x)["reason"] for x in kept.read_text().splitlines()]

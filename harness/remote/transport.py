@@ -94,7 +94,11 @@ class LocalTransport:
             return False
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(local.name + ".part")
-        shutil.copyfile(src, tmp)
+        try:
+            shutil.copyfile(src, tmp)
+        except BaseException:  # a full disk: no half copy left behind
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, local)
         return True
 
