@@ -413,15 +413,25 @@ class Collection:
             by_option = left < timeout
             timeout = min(timeout, left)
         progress(f"{gpu} {job.id}: {allot:.0f}s allotted")
-        outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
-                                     run_id=self.run_id, job_args=job_args, timeout_s=timeout,
-                                     rows_dir=self.rows_dir,
-                                     on_line=lambda line: progress(f"{gpu} {job.id}: {line}"))
+        try:
+            outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
+                                         run_id=self.run_id, job_args=job_args, timeout_s=timeout,
+                                         rows_dir=self.rows_dir,
+                                         on_line=lambda line: progress(f"{gpu} {job.id}: {line}"))
+        except Interrupted as exc:  # the second signal: leave at once, still say where things are
+            where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
+            res.outcome = JobOutcome(state="interrupted", remote_rows=where, summary={
+                "stop": f"{exc.signame} twice: left at once; its rows stay on the box in {where}"})
+            if self.harvest is not None:
+                self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
+                                      reason=f"{exc.signame} twice: left at once")
+            raise
         box.plan.record(job, outcome.elapsed_s)
         if outcome.state == "stopped" and by_option:
             outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"
         res.outcome = outcome
         if outcome.rows_path is not None and self.merging:
+            progress(f"{gpu} {job.id}: merging its rows into {self.db_path}")
             try:
                 res.merge = self._merge([RowsFile(outcome.rows_path,
                                                   source(self.run_id, outcome.rows_path.name))])

@@ -24,8 +24,11 @@ def tmux_socket():
     subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
 
 
-def _collect(tmp_path: Path, socket: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _collect(tmp_path: Path, socket: str, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
+    env.update(extra)
     env["EMMY_STATE_DIR"] = str(tmp_path / "state")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "pytest", "collect_tests", "--gpu=local", "-p", "no:cacheprovider",
@@ -68,3 +71,27 @@ def test_collect_local_interpret_end_to_end(tmp_path: Path, tmux_socket: str) ->
                      r"the node table already", r2.stdout), r2.stdout[-2000:]
     n_after = db.execute("select count(*) from node").fetchone()[0]
     assert n_after == n_before
+
+
+def test_a_box_python_without_torch_is_refused_naming_the_pythons_that_have_it(
+        tmp_path: Path, tmux_socket: str) -> None:
+    """Nothing is downloaded: the refusal lists the box's Pythons that import torch and triton
+    (here a venv-like folder in the box user's home) and the --box-python to pass."""
+    home = tmp_path / "home"
+    bare = home / "bare" / "bin" / "python"
+    found = home / "torchenv" / "bin" / "python"
+    for path, body in ((bare, 'exec "$0.real" "$@"\n'), (found, f'exec {sys.executable} "$@"\n')):
+        path.parent.mkdir(parents=True)
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+    bare.with_name("python.real").symlink_to(Path(sys.base_prefix) / "bin" / "python3")
+    env_home = {"HOME": str(home)}
+    r = _collect(tmp_path, tmux_socket, f"--box-python={bare}", "--budget-s=20", "-k", "own and softmax",
+                 env=env_home)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert f"--box-python={bare} on local cannot import torch and triton; these Pythons on the box " \
+           "have them:" in out, out[-3000:]
+    assert f"{found} (torch " in out and f"pass one as --box-python=PATH (e.g. --box-python={found})" in out
+    assert "--box-install" in out
+    assert not (tmp_path / "box" / "venv").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 from harness import goldens, pools
 from harness.cards import INTERPRETER, by_alias
 from harness.goldens.record import best_anchors, record
+from harness.points import point_key
 from harness.store import NodeStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _row(spec: str, value: float, *, gpu: str = "NVIDIA H200 141GB", regime: str = "deployable",
          status: str = "ok", variance: float = 0.1, shape_id: str = "matmul_M16_N16_K16_bf16",
          t: str = "2026-12-01T00:00:00.000000Z") -> dict:
-    return {"point_key": f"{gpu}|{shape_id}|{spec}", "gpu": gpu, "regime": regime, "kind": "matmul",
+    return {"point_key": point_key(gpu, shape_id, spec), "gpu": gpu, "regime": regime, "kind": "matmul",
             "shape_id": shape_id, "shape": {"M": 16, "N": 16, "K": 16, "dtype": "bf16"},
             "spec": spec, "knobs": {}, "slice": "tail", "status": status,
             "value_us": value if status == "ok" else None, "ref_us": 1.0, "variance": variance,

@@ -132,7 +132,8 @@ def test_rented_box_is_released_after_a_failure_and_kept_on_request(tmp_path: Pa
     r = _run(tmp_path, "--gpu=l40s", "--budget-s=20", "-k", "cross and softmax",
              "--box-python=/nonexistent/python3")
     assert r.returncode != 0
-    assert "setup failed" in r.stdout
+    assert "--box-python=/nonexistent/python3 on " in r.stdout
+    assert "cannot import torch and triton" in r.stdout
     assert _events(tmp_path, "l40s") == ["up NVIDIA L40S", "down"]
 
     r = _run(tmp_path, "--gpu=l40s", "--budget-s=20", "-k", "cross and softmax", "--keep-server")

@@ -44,11 +44,13 @@ def test_collect_over_ssh(sshd, tmp_path: Path, tmux_socket: str) -> None:
     db = sqlite3.connect(tmp_path / "db" / "autotune.db")
     n, kinds = db.execute("select count(*), group_concat(distinct kind) from node").fetchone()
     assert n > 0 and kinds == "softmax"
-    # the box got a venv and our folder only
+    # the box's Python was used as it is (nothing installed), and only our folder was made
     box = tmp_path / "box"
-    assert (box / "venv" / "bin" / "python").exists()
+    assert (box / "python.path").read_text().strip() == sys.executable
+    assert not (box / "venv").exists()
     assert (box / "setup.status").read_text().strip() == "SETUP_OK"
     assert oct((box).stat().st_mode & 0o777) == "0o700"
+    assert (box / ".collect-node-data").is_file() and not (box / "lock.json").exists()
 
 
 def test_unknown_host_key_is_refused_with_the_fix(sshd, tmp_path: Path, tmux_socket: str) -> None:

@@ -1,0 +1,125 @@
+"""A collection run (``pytest collect_tests --gpu=local``) in its own process group, watched and
+interrupted from outside the way a user's terminal would: Ctrl-C is SIGINT to the foreground
+process group, a closed terminal SIGHUP to it, ``kill`` SIGTERM or SIGKILL to the process.
+
+Each run of one test shares the test's box folder, node DB, state folder and tmux socket, so a
+second run sees what the first one left.  Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Run:
+    def __init__(self, tmp: Path, socket: str, *args: str, db: Path | None = None,
+                 box: Path | None = None, name: str | None = None) -> None:
+        self.tmp = tmp
+        self.db = db or tmp / "db" / "autotune.db"
+        self.box = box or tmp / "box"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("EMMY_TUNE_DB", None)
+        env["EMMY_STATE_DIR"] = str(tmp / "state")
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [sys.executable, "-m", "pytest", "collect_tests", "--gpu=local", "-p", "no:cacheprovider",
+               f"--db={self.db}", f"--box-dir={self.box}", f"--tmux-socket={socket}",
+               "--poll-s=0.3", *args]
+        n = len(list(tmp.glob("run-*.txt")))
+        self.out_path = tmp / f"run-{n}{'-' + name if name else ''}.txt"
+        self.t0 = time.monotonic()
+        with self.out_path.open("w") as out:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+
+    @property
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 180.0) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (rc {self.proc.returncode}) before "
+                                     f"{pattern!r}:\n{self.output[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} within {timeout:.0f}s:\n{self.output[-3000:]}")
+            time.sleep(0.1)
+
+    def signal(self, sig: int, group: bool = True) -> None:
+        """``group``: to the whole process group, as a terminal sends Ctrl-C or a hang-up."""
+        if group:
+            os.killpg(self.proc.pid, sig)
+        else:
+            os.kill(self.proc.pid, sig)
+
+    def finish(self, timeout: float = 300.0) -> tuple[int, str]:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            raise AssertionError(f"the run did not end within {timeout:.0f}s:\n{self.output[-3000:]}") from None
+        return rc, self.output
+
+
+def box_rows(box: Path) -> list[dict[str, Any]]:
+    """Every whole row of every rows file of every run on the box."""
+    out = []
+    for f in sorted((box / "rows").glob("bench-*/*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def measurements(db: Path) -> set[tuple[str, str, str]]:
+    """(point_key, run_id, measured_at) of every measurement the node table absorbed: each
+    node's current one and those it superseded."""
+    conn = sqlite3.connect(db)
+    try:
+        current = set(conn.execute("SELECT point_key, run_id, measured_at FROM node"))
+        key_of = dict(conn.execute("SELECT node_key, point_key FROM node"))
+        older = {(key_of[k], r, m) for k, r, m in
+                 conn.execute("SELECT node_key, run_id, measured_at FROM node_measurement")}
+        return current | older
+    finally:
+        conn.close()
+
+
+def db_points(db: Path) -> list[tuple[str, str, str]]:
+    """(point_key, regime, status) of every node row."""
+    conn = sqlite3.connect(db)
+    try:
+        return list(conn.execute("SELECT point_key, regime, status FROM node"))
+    finally:
+        conn.close()
+
+
+def box_processes(box: Path) -> list[str]:
+    """The sweep processes of this box folder still running."""
+    r = subprocess.run(["pgrep", "-af", f"harness[.]box run .*{re.escape(str(box))}"],
+                       capture_output=True, text=True)
+    return r.stdout.splitlines()
+
+
+def session_alive(socket: str, name: str = "emmy-node-sweep") -> bool:
+    return subprocess.run(["tmux", "-L", socket, "has-session", "-t", f"={name}"],
+                          capture_output=True).returncode == 0
