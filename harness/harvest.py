@@ -84,6 +84,7 @@ class Harvest:
     rows_dir: Path | None = None
     session: str = ""
     interrupts: Any = None  # harness.interrupts.Interrupts of this process
+    known_hosts: Path | None = None  # --known-hosts, for a gone run's rented server
     jobs: dict[str, JobReport] = field(default_factory=dict)
     receipt_lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -324,10 +325,9 @@ class Harvest:
         from harness.rows import RejectedRows
         from harness.store import NodeStore
 
-        known = self.options.get("known_hosts")
         transport = SSHTransport(parse_remote(lease.target),
                                  key_filename=Path(lease.ssh_key).expanduser() if lease.ssh_key else None,
-                                 known_hosts=Path(known).expanduser() if known else None)
+                                 known_hosts=self.known_hosts)
         try:
             transport.connect()
             driver = BoxDriver(transport=transport, tmux=Tmux(transport, lease.extra.get("tmux_socket")),

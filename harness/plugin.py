@@ -257,7 +257,8 @@ def pytest_configure(config: pytest.Config) -> None:
                       options=_report_options(config, checked, db_path),
                       ledger_path=Path(o.ledger).expanduser() if o.ledger else state / "ledger.json",
                       rows_dir=Path(o.rows_dir).expanduser() if o.rows_dir else state / "rows",
-                      session=config.stash[SESSION_KEY], interrupts=interrupts)
+                      session=config.stash[SESSION_KEY], interrupts=interrupts,
+                      known_hosts=Path(o.known_hosts).expanduser() if o.known_hosts else None)
     config.stash[HARVEST_KEY] = harvest
     config.pluginmanager.register(harvest, "emmy-harvest")
 

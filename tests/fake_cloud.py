@@ -8,6 +8,7 @@ box reports GPU_NAME as its card (``EMMY_BOX_CARD_NAME``); its rows stay labelle
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -31,6 +32,11 @@ class CardBox(SSHServer):
             f.write(f'SetEnv EMMY_BOX_CARD_NAME="{self.card_name}"\n')
 
 
+def socket_name(root: Path) -> str:
+    """One tmux server per fake server, also when two tests rent the same card at once."""
+    return f"fake-{root.name}-{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:8]}"
+
+
 def up(root: Path, card_name: str) -> int:
     if not SSHD.is_file():
         print(f"{SSHD} missing", file=sys.stderr)
@@ -47,7 +53,7 @@ def up(root: Path, card_name: str) -> int:
     print("creating instance ... ok")  # chatter before the JSON, like real CLIs
     print(json.dumps({"ssh_host": box.host, "ssh_port": box.port, "ssh_user": box.user,
                       "ssh_key": str(box.client_key), "handle": str(root),
-                      "box_dir": str(root / "box"), "tmux_socket": f"fake-{root.name}"}))
+                      "box_dir": str(root / "box"), "tmux_socket": socket_name(root)}))
     return 0
 
 
@@ -58,7 +64,7 @@ def down(root: Path) -> int:
             os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
         except ProcessLookupError:
             pass
-    subprocess.run(["tmux", "-L", f"fake-{root.name}", "kill-server"], capture_output=True)
+    subprocess.run(["tmux", "-L", socket_name(root), "kill-server"], capture_output=True)
     (root / "events").open("a").write("down\n")
     return 0
 

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from harness.remote.providers import (
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_cloud.py"
+
+pytest_plugins = ["pytester"]
 
 
 # -- pure parts ----------------------------------------------------------------------------
@@ -99,7 +102,7 @@ def test_skypilot_failed_launch_takes_the_half_made_cluster_down() -> None:
 
 
 # -- the whole run against local sshd boxes ----------------------------------------------------
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cmd(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
     env["EMMY_STATE_DIR"] = str(tmp_path / "state")
     clouds = tmp_path / "cloud"
@@ -107,7 +110,12 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
            "--provider=command", f"--up-cmd={sys.executable} {FAKE} up {clouds}/{{gpu}} '{{gpu_name}}'",
            f"--down-cmd={sys.executable} {FAKE} down {{handle}}", f"--box-python={sys.executable}",
            f"--db={tmp_path / 'autotune.db'}", "--poll-s=0.5", "--filter=fp32",
-           "--max-dist=1", "--tail-cap=2", *args]
+           f"--known-hosts={tmp_path / 'known_hosts'}", "--max-dist=1", "--tail-cap=2", *args]
+    return cmd, env
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd, env = _cmd(tmp_path, *args)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -160,3 +168,73 @@ def test_two_cards_at_once_under_xdist(tmp_path: Path) -> None:
     # one receipt lists both cards
     assert "NVIDIA L40S:" in out and "NVIDIA H100 80GB:" in out
     json.dumps(got)
+
+
+@pytest.mark.slow
+def test_a_gone_runs_rented_server_is_harvested_then_released(tmp_path: Path) -> None:
+    """A run killed (-9) mid-job leaves its rented server and lease behind; the next session
+    with this node table merges what that server measured, then releases it."""
+    cmd, env = _cmd(tmp_path, "--gpu=l40s", "--budget-s=300", "--max-dist=2", "-k", "cross and matmul")
+    out = (tmp_path / "a.txt").open("w")
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    box = tmp_path / "cloud" / "l40s" / "box"
+    deadline = time.monotonic() + 180
+    while not any(f.stat().st_size for f in box.glob("rows/bench-*/cross-matmul.jsonl")):
+        assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "a.txt").read_text()
+        time.sleep(0.2)
+    first.kill()
+    first.wait(30)
+    (lease,) = (tmp_path / "state" / "leases").glob("*.json")
+    try:
+        # another session of this node table (it rents an H100 for its own job)
+        r = _run(tmp_path, "--gpu=h100", "--budget-s=30", "-k", "cross and softmax")
+        text = r.stdout + r.stderr
+        assert r.returncode == 0, text[-4000:]
+        assert _events(tmp_path, "l40s") == ["up NVIDIA L40S", "down"], text[-3000:]
+        assert "released abandoned server" in text and not lease.exists()
+        assert "rows that earlier runs left unmerged" in text
+        (rows_file,) = box.glob("rows/bench-*/cross-matmul.jsonl")
+        wrote = {json.loads(x)["point_key"] for x in rows_file.read_text().splitlines()}
+        db = sqlite3.connect(tmp_path / "autotune.db")
+        have = {k for (k,) in db.execute("select point_key from node where gpu = 'NVIDIA L40S'")}
+        assert wrote and wrote <= have
+    finally:
+        subprocess.run([sys.executable, str(FAKE), "down", str(tmp_path / "cloud" / "l40s")])
+
+
+def test_leases_of_other_sessions_are_left_alone_unless_their_owner_is_gone(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session releases only what it rented; another session's lease only once that
+    controller is provably gone (same machine, process gone); the rest are listed."""
+    from harness.owner import Owner, process_start
+
+    state = pytester.path / "state"
+    monkeypatch.setenv("EMMY_STATE_DIR", str(state))
+    me = Owner.here("other-session")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    marks = pytester.path / "released"
+    marks.mkdir()
+    owners = {"live": {**me.__dict__, "pid": os.getpid(), "pid_start": process_start(os.getpid())},
+              "gone": {**me.__dict__, "pid": dead.pid, "pid_start": "x"},
+              "old-version": None}
+    for name, owner in owners.items():
+        Lease(provider="command", gpu="l40s", target=f"u@{name}:22", handle=name,
+              release_argv=["touch", str(marks / name)], owner=owner).save(state / "leases")
+    pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
+    pytester.makepyfile(test_job="""
+from harness.harvest import job_property
+
+def test_job(record_property):
+    record_property(*job_property(gpu="l40s", slice="own", kind="softmax", card="NVIDIA L40S",
+                                  state="done (pool exhausted)"))
+""")
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--db={pytester.path / 'db.sqlite'}")
+    assert result.ret == 0
+    assert sorted(p.name for p in marks.iterdir()) == ["gone"]
+    result.stdout.fnmatch_lines(["released abandoned server u@gone:22"], consecutive=False)
+    for name in ("live", "old-version"):
+        result.stdout.fnmatch_lines([f"note: server u@{name}:22 was rented by another run *left "
+                                     f"alone. Release it once it is done with: touch {marks / name}"],
+                                    consecutive=False)

@@ -1,0 +1,90 @@
+"""Chaos: the controller is interrupted at random moments, several times in a row over one node
+table, then a run goes to the end; nothing measured may be lost and no point may be there twice.
+
+Each round starts ``pytest collect_tests --gpu=local`` (interpreter, real tmux, real SQLite)
+and, at a moment drawn from a seeded RNG, sends SIGINT (to the process group, as Ctrl-C does),
+SIGTERM or SIGKILL (to the process): during setup, mid-job, or just as a job's rows are being
+merged.  The seed is printed; ``CHAOS_SEED=N`` replays a sequence.  Then:
+
+- every row any run wrote on the box is in the node table (as a node's current measurement or
+  one it absorbed), so nothing measured was lost;
+- no (point, regime) is in the node table twice;
+- every point the ledger calls done has its row in the node table;
+- no sweep session, job process or box lock is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness.ledger import Ledger
+from tests.runs import Run, box_processes, box_rows, db_points, measurements, session_alive
+
+pytestmark = pytest.mark.slow
+
+SELECTION = ("-k", "(own or cross) and (matmul or softmax or reduce)", "--budget-s=400")
+MOMENTS = ("setup", "mid-job", "merge")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+
+
+@pytest.fixture
+def tmux_socket():
+    name = f"emmy-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+
+
+def test_random_interruptions_lose_nothing_and_duplicate_nothing(tmp_path: Path, tmux_socket: str,
+                                                                 capsys: pytest.CaptureFixture[str]
+                                                                 ) -> None:
+    seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    rng = random.Random(seed)
+    with capsys.disabled():
+        print(f"\n[chaos] seed {seed} (CHAOS_SEED={seed} replays it)")
+    plan = [(rng.choice(MOMENTS), rng.choice(SIGNALS)) for _ in range(4)]
+    # every moment and every signal at least once, in a seeded order
+    plan[:3] = rng.sample([(m, s) for m, s in zip(MOMENTS, rng.sample(SIGNALS, 3), strict=True)], 3)
+    for i, (moment, sig) in enumerate(plan):
+        run = Run(tmp_path, tmux_socket, *SELECTION, name=f"{i}-{moment}-{sig.name}")
+        if moment == "setup":
+            run.wait_for(r"setup in tmux session", timeout=120)
+            time.sleep(rng.uniform(0.0, 1.5))
+        elif moment == "mid-job":
+            run.wait_for(r"\[batch 1\]", timeout=180)
+            time.sleep(rng.uniform(0.0, 3.0))
+        else:
+            run.wait_for(r": merging its rows into", timeout=240)
+        if run.proc.poll() is None:
+            run.signal(sig, group=sig != signal.SIGKILL)
+        rc, out = run.finish(timeout=180)
+        with capsys.disabled():
+            print(f"[chaos] round {i}: {sig.name} at {moment} -> exit {rc}")
+        assert "Traceback" not in out or sig == signal.SIGKILL, out[-3000:]
+        if sig != signal.SIGKILL and rc != 0:
+            assert rc == pytest.ExitCode.INTERRUPTED, out[-3000:]
+
+    final = Run(tmp_path, tmux_socket, *SELECTION, name="final")
+    rc, out = final.finish(timeout=400)
+    assert rc == 0, out[-4000:]
+    assert "status: COMPLETE" in out
+
+    wrote = {(r["point_key"], r["run_id"], r["measured_at"]) for r in box_rows(final.box)}
+    assert wrote, "no rows were written"
+    lost = wrote - measurements(final.db)
+    assert not lost, f"seed {seed}: {len(lost)} rows written on the box are not in the node table"
+    points = db_points(final.db)
+    assert len(points) == len({(k, regime) for k, regime, _ in points}), f"seed {seed}: a point twice"
+    in_db = {(k, regime) for k, regime, status in points if status in ("ok", "bench_fail")}
+    book = Ledger.load(tmp_path / "state" / "ledger.json")
+    done = {(k, "interpret") for k in book if not book.needs_run(k, "interpret")}
+    assert done and done <= in_db, f"seed {seed}: the ledger calls points done that are not there"
+    assert not session_alive(tmux_socket) and box_processes(final.box) == []
+    assert not (final.box / "lock.json").exists()
