@@ -110,10 +110,11 @@ def mode(path: Path) -> int:
 
 
 @contextmanager
-def tmpfs(where: Path, size: str) -> Iterator[Path]:
+def tmpfs(where: Path, size: str, extra: str = "") -> Iterator[Path]:
     """A real tmpfs of ``size`` mounted at ``where`` (needs root); skips with the reason otherwise."""
     where.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+    opts = f"size={size},mode=0700" + (f",{extra}" if extra else "")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"needs a tmpfs of its own (mount as root): {r.stderr.strip() or r.returncode}")
@@ -525,6 +526,38 @@ def test_a_full_disk_fails_the_job_keeps_its_rows_and_marks_only_them(tmp_path: 
     # the ledger marks exactly the points whose rows were written
     ledger = Ledger.load(tmp_path / "state" / "ledger.json")
     assert {k for k in ledger if not ledger.needs_run(k, "interpret")} == {x["point_key"] for x in rows}
+
+
+@pytest.mark.slow
+def test_a_full_rows_dir_fails_the_job_and_the_next_run_merges_its_rows(tmp_path: Path,
+                                                                       tmux_socket: str) -> None:
+    """--rows-dir on a full disk: the rows stay on the box, nothing half-copied is left at home,
+    the ledger does not call them done, and the next run brings them home and merges them."""
+    full = tmp_path / "rows-full"
+    with tmpfs(full, "12k"):
+        r = collect(tmp_path, tmux_socket, "--budget-s=60", f"--rows-dir={full}", "-k", "own and matmul")
+        left = sorted(p.name for p in full.rglob("*"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-4000:]
+    assert "its rows could not be brought home to" in out and "No space left on device" in out
+    assert "the next run with this node table merges them first" in out
+    assert "Traceback" not in out
+    assert not [n for n in left if n.endswith(".part")], left
+    (on_box,) = (tmp_path / "box" / "rows").glob("bench-*/own-matmul.jsonl")
+    wrote = read_jsonl(on_box)
+    assert wrote
+    db = tmp_path / "db" / "autotune.db"
+    assert db_rows(db) == {}
+    ledger = Ledger.load(tmp_path / "state" / "ledger.json")
+    assert all(ledger.needs_run(x["point_key"], "interpret") for x in wrote)
+
+    r = collect(tmp_path, tmux_socket, "--budget-s=60", f"--rows-dir={tmp_path / 'rows'}",
+                "-k", "own and matmul")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert f"merged {len(wrote)} rows that earlier runs left unmerged" in out, out[-3000:]
+    assert {k: v[0] for k, v in db_rows(db).items()} == {x["point_key"]: x["measured_at"] for x in wrote}
+    assert "in the node table already" in job_line(out, "own", "matmul")["state"]
 
 
 @pytest.mark.slow
