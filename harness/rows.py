@@ -244,10 +244,12 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _flat(where: str, name: str, value: Any, *, lists: bool = False) -> dict[str, Any]:
-    """An object of scalars (and, with ``lists``, short lists of scalars).  Its strings are not
-    checked for lone surrogates: the object is stored as ASCII JSON, which escapes them, and
-    its floats are checked when it is encoded (``allow_nan=False``).  The common case is
-    checked with C-level passes; anything unusual takes the item-by-item path that names it."""
+    """An object of scalars (and, with ``lists``, short lists of scalars).  Checked in one
+    C-level pass over the value types; the rest is checked when the object is encoded: its
+    floats (``allow_nan=False``), its keys (strings, sortable) and its size
+    (:func:`_encode`).  Its strings are not checked for lone surrogates: the object is stored
+    as ASCII JSON, which escapes them.  Anything unusual takes the item-by-item path that
+    names it."""
     if value is None:
         return {}
     if type(value) is not dict:
@@ -255,25 +257,22 @@ def _flat(where: str, name: str, value: Any, *, lists: bool = False) -> dict[str
                        "expected an object of names to values")
     if len(value) > MAX_FIELDS:
         raise RowError(f"{where} has {len(value)} {name} entries; at most {MAX_FIELDS}")
-    if not value:
+    types = set(map(type, value.values()))
+    if types <= _SCALARS and (int not in types or _ints_fit(value.values())):
         return value
-    keys, vals = value.keys(), list(value.values())
-    types = set(map(type, vals))
-    fine = set(map(type, keys)) == {str} and max(map(len, keys)) <= 256
-    if fine and list in types and lists:
-        nested = [v for v in vals if type(v) is list]
-        vals = [v for v in vals if type(v) is not list] + [x for v in nested for x in v]
-        fine = max(map(len, nested)) <= 64
-        types = set(map(type, vals))
-    fine = fine and types <= _SCALARS
-    if fine and str in types:
-        fine = max(len(v) for v in vals if type(v) is str) <= MAX_TEXT
-    if fine and int in types:
-        ints = [v for v in vals if type(v) is int]
-        fine = -INT64 <= min(ints) and max(ints) <= INT64
-    if not fine:
-        _flat_slowly(where, name, value, lists)
+    if lists and types <= _SCALARS | {list}:
+        nested = [v for v in value.values() if type(v) is list]
+        inner = [x for v in nested for x in v]
+        if max(map(len, nested)) <= 64 and set(map(type, inner)) <= _SCALARS \
+                and _ints_fit(inner) and _ints_fit(value.values()):
+            return value
+    _flat_slowly(where, name, value, lists)
     return value
+
+
+def _ints_fit(values: Any) -> bool:
+    ints = [v for v in values if type(v) is int]
+    return not ints or (-INT64 <= min(ints) and max(ints) <= INT64)
 
 
 def _flat_slowly(where: str, name: str, value: dict[Any, Any], lists: bool) -> None:
@@ -290,12 +289,20 @@ def _flat_slowly(where: str, name: str, value: dict[Any, Any], lists: bool) -> N
             _scalar(where, f"{name}[{k!r}]", v)
 
 
+MAX_OBJECT_JSON = 1 << 16  # a features, shape or provenance object, encoded
+
+
 def _encode(where: str, name: str, value: Any) -> str:
     try:
-        return _COLUMN_JSON.encode(value)
-    except ValueError:  # a float that is not finite
+        text = _COLUMN_JSON.encode(value)
+    except (ValueError, TypeError):  # a float that is not finite, keys that are not names
         _flat_slowly(where, name, value, True)
         raise RowError(f"{where} has {name} that cannot be written as JSON") from None
+    if len(text) > MAX_OBJECT_JSON:
+        _flat_slowly(where, name, value, True)
+        raise RowError(f"{where} has {name} of {len(text)} characters as JSON; at most "
+                       f"{MAX_OBJECT_JSON}")
+    return text
 
 
 def _scalar(where: str, name: str, v: Any) -> None:

@@ -839,46 +839,53 @@ def _checked_nodes(path: Path, now: str, at: datetime,
                    pool: Any) -> Iterator[tuple[Any, ...]]:
     """The node values of every good line of ``path``, in file order; each bad line goes to
     ``reject``.  With ``pool``, chunks of lines are checked in helper processes, a bounded
-    number in flight (memory stays flat)."""
+    number in flight (memory stays flat); if the helpers cannot run (a broken pool), the
+    chunks are checked here instead."""
     from collections import deque
+    from concurrent.futures.process import BrokenProcessPool
+
+    in_flight: deque[tuple[Any, list[tuple[int, bytes]]]] = deque()
+    window = 2 * pool._max_workers + 2 if pool is not None else 0
+    broken = pool is None
+
+    def settle(item: tuple[Any, list[tuple[int, bytes]]]) -> Iterator[tuple[Any, ...]]:
+        nonlocal broken
+        future, lines = item
+        if future is None:
+            checked = check_lines(lines, now, at)
+        else:
+            try:
+                checked = future.result()
+            except BrokenProcessPool:  # e.g. a __main__ the helpers cannot import
+                broken = True
+                checked = check_lines(lines, now, at)
+        yield from _settle(checked, reject)
 
     with open(path, "rb") as fh:
-        if pool is None:
-            chunk: list[tuple[int, bytes]] = []
-            for lineno, raw, reason in raw_lines(fh):
-                counts["rows"] += 1
-                if reason is not None:
-                    reject(lineno, raw, reason)
-                    continue
-                chunk.append((lineno, raw))
-                if len(chunk) >= CHUNK:
-                    yield from _settle(check_lines(chunk, now, at), reject)
-                    chunk = []
-            if chunk:
-                yield from _settle(check_lines(chunk, now, at), reject)
-            return
-        in_flight: deque[Any] = deque()
-        chunk = []
-        window = 2 * pool._max_workers + 2
+        chunk: list[tuple[int, bytes]] = []
+        size = CHUNK if broken else LINES_PER_TASK
         for lineno, raw, reason in raw_lines(fh):
             counts["rows"] += 1
             if reason is not None:
-                in_flight.append(((), [(lineno, raw, reason)]))  # in order with the rest
-            else:
-                chunk.append((lineno, raw))
-            if len(chunk) >= LINES_PER_TASK:
-                in_flight.append(pool.submit(check_lines, chunk, now, at))
+                if in_flight:  # keep file order
+                    in_flight.append((None, []))
+                    while in_flight:
+                        yield from settle(in_flight.popleft())
+                reject(lineno, raw, reason)
+                continue
+            chunk.append((lineno, raw))
+            if len(chunk) >= size:
+                if broken:
+                    yield from settle((None, chunk))
+                else:
+                    in_flight.append((pool.submit(check_lines, chunk, now, at), chunk))
+                    while len(in_flight) > window:
+                        yield from settle(in_flight.popleft())
                 chunk = []
-                while len(in_flight) > window:
-                    yield from _settle(_result(in_flight.popleft()), reject)
         if chunk:
-            in_flight.append(pool.submit(check_lines, chunk, now, at))
+            in_flight.append((None if broken else pool.submit(check_lines, chunk, now, at), chunk))
         while in_flight:
-            yield from _settle(_result(in_flight.popleft()), reject)
-
-
-def _result(item: Any) -> Any:
-    return item if isinstance(item, tuple) else item.result()
+            yield from settle(in_flight.popleft())
 
 
 def _settle(checked: tuple[Any, Any], reject: Callable[[int, bytes, str], None]

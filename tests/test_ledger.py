@@ -365,3 +365,21 @@ class LedgerMachine(RuleBasedStateMachine):
 
 LedgerMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=20, deadline=None)
 TestLedgerMachine = LedgerMachine.TestCase
+
+
+def test_a_ledger_made_from_a_node_table_calls_done_only_what_is_there(tmp_path: Path) -> None:
+    records = [("a", "X=1", "interpret", "ok", 1, None),
+               ("b", "X=2", "interpret", "timeout", 1, "slow"),
+               ("c", "X=3", "interpret", "crash", 2, "boom"),
+               ("d", "X=4", "deployable", "bench_fail", 3, "wrong result"),
+               ("e", "X=5", "cpu", "ok", 1, None)]  # not a regime: ignored
+    book = Ledger.from_records(records, {"id": "db1", "path": "/x/autotune.db"})
+    assert not book.needs_run("a", "interpret") and book.needs_run("a", "deployable")
+    assert book.needs_run("b", "interpret") and book.error("b", "interpret") == "slow"
+    assert not book.needs_run("c", "interpret")  # two attempts: the retries are used up
+    assert not book.needs_run("d", "deployable") and book.error("d", "deployable") is None
+    assert "e" not in book
+    book.save(tmp_path / "ledger.json")
+    again = Ledger.load(tmp_path / "ledger.json")
+    assert again.bound_to == {"id": "db1", "path": "/x/autotune.db"}
+    assert again.to_dict() == book.to_dict()
