@@ -51,7 +51,6 @@ BAD_LINES = {
     "deeply-nested": ('{"features": ' + deep(100_000) + "}", "nested too deeply"),
     "huge-int-value": (json.dumps(make_row()).replace('"value_us": 12.5', '"value_us": ' + "9" * 400),
                        "value_us"),
-    "huge-int-feature": (json.dumps(make_row(features={"S_M": 10**30})), "64-bit integer range"),
     "features-a-list": (json.dumps(make_row(features=[1, 2, 3])), "features of type list"),
     "value-zero": (json.dumps(make_row(value_us=0)), "value_us 0"),
     "value-negative": (json.dumps(make_row(value_us=-3.5)), "value_us -3.5"),
@@ -114,6 +113,18 @@ def test_a_day_ahead_is_tolerated_more_is_not() -> None:
     assert row_to_node(make_row(measured_at=ok), at=NOW)["measured_at"] == ok
     with pytest.raises(RowError, match="more than a day after"):
         row_to_node(make_row(measured_at=(NOW + timedelta(hours=25)).isoformat()), at=NOW)
+
+
+def test_an_integer_past_64_bits_is_read_as_the_float_it_can_only_be(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(make_row(features={"S_M": 10**30, "S_N": 2**70})) + "\n")
+    with NodeStore(tmp_path / "db.sqlite", clock=lambda: NOW) as store:
+        assert store.merge_files([RowsFile(path)], RejectedRows(tmp_path / "r.jsonl")).inserted == 1
+        (node,) = store.rows()
+    assert node["features"] == {"S_M": 1e30, "S_N": float(2**70)}
+    with pytest.raises(RowError, match=r"features\['S_M'\] 1000000000000000000000000000000: out of "
+                                        r"the 64-bit integer range"):
+        row_to_node(make_row(features={"S_M": 10**30}), at=NOW)  # a Python int given directly
 
 
 def test_failure_rows_may_have_any_value_us() -> None:
