@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from harness.boxctl import BoxError
+from harness.collection import BoxUnusable
 from harness.harvest import job_property
 from harness.remote.transport import SSHError
 
@@ -21,10 +22,15 @@ def test_sweep(sweep_job, collection, boxes, progress, record_property, request)
     record_property(*job_property(gpu=gpu, slice=job.slice, kind=job.kind))
     try:
         box = boxes(gpu)
-    except (BoxError, SSHError) as exc:
-        unusable = str(exc)
-    else:
+    except BoxUnusable as exc:  # said once, by the first job of that box
+        skipped = str(exc)
         unusable = ""
+    except (BoxError, SSHError) as exc:
+        unusable, skipped = str(exc), ""
+    else:
+        unusable = skipped = ""
+    if skipped:
+        pytest.skip(skipped)
     if unusable:  # the message says what was wrong and what to do: no traceback
         pytest.fail(unusable, pytrace=False)
     result = collection.run_job(sweep_job, box, progress, nodeid=request.node.nodeid)

@@ -109,6 +109,25 @@ class BoxDriver:
         if self.tmux.alive(SWEEP_SESSION):
             self.stop()
 
+    def quick_card(self) -> tuple[str, str]:
+        """The box's GPU as the driver names it, in one short call and before any setup:
+        ("gpu", name), ("named", name) for a CPU box labelled as a card (the test seam),
+        ("cpu", "") when the box has no NVIDIA GPU, or ("unknown", "") when only the probe can
+        tell (a device node but no nvidia-smi)."""
+        script = r"""
+if [ -n "${EMMY_BOX_CARD_NAME:-}" ]; then echo "named $EMMY_BOX_CARD_NAME"; exit 0; fi
+if [ -n "${EMMY_FORCE_INTERPRET:-}" ]; then echo "cpu"; exit 0; fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+  dev=${CUDA_VISIBLE_DEVICES:-0}; dev=${dev%%,*}
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "$dev" 2>/dev/null | head -n 1)
+  if [ -n "$name" ]; then echo "gpu $name"; exit 0; fi
+fi
+if [ -e /dev/nvidiactl ]; then echo unknown; else echo cpu; fi
+"""
+        r = self.transport.run(["sh", "-c", script], check=False, timeout=60, env=self.env)
+        word, _, rest = r.stdout.strip().partition(" ")
+        return (word, rest.strip()) if word in ("gpu", "named", "cpu") else ("unknown", "")
+
     def push_code(self) -> None:
         # rows/ and summary/ are made private when made here; nothing else changes mode
         self.transport.run(["sh", "-c", 'for d in "$@"; do [ -d "$d" ] || mkdir -m 700 "$d"; done',
@@ -401,6 +420,6 @@ def _count_rows(path: Path) -> dict[str, Any]:
 
 def pool_args(opts: Mapping[str, Any]) -> list[str]:
     out = ["--max-dist", str(opts["max_dist"]), "--tail-cap", str(opts["tail_cap"])]
-    if opts.get("filter"):
-        out += ["--filter", str(opts["filter"])]
+    if opts.get("filter"):  # one word: a value that starts with "-" stays a value
+        out.append(f"--filter={opts['filter']}")
     return out

@@ -7,6 +7,7 @@ reports a live device name that :func:`canonicalize` maps back to its catalog en
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 
@@ -73,31 +74,70 @@ def _card(name: str, aliases: tuple[str, ...], cc: tuple[int, int], **kw: object
     return Card(name=name, aliases=aliases, cc=cc, tc_gen=tc_gen, **kw)  # type: ignore[arg-type]
 
 
+# Limits from the vendors' data sheets (NVIDIA product briefs and data sheets; the A10G, a
+# cloud-only variant, from AWS's G5 documentation): SMs, memory and bandwidth, L2, and the
+# dense (no sparsity) FP16 tensor-core and FP32 rates.  Shared memory per SM and per block
+# follow the compute capability (CUDA programming guide): 8.0 164/163 KiB, 8.6 and 8.9 100/99,
+# 9.0 and 10.0 228/227, 12.0 100/99.
+_ADA = {"smem_optin": 99 * KIB, "smem_per_sm": 100 * KIB}
+_AMPERE_GA10X = {"smem_optin": 99 * KIB, "smem_per_sm": 100 * KIB}
+_A100 = {"smem_optin": 163 * KIB, "smem_per_sm": 164 * KIB, "sm_count": 108, "l2_bytes": 40 * MIB,
+         "peak_fp16_tflops": 312.0, "peak_fp32_tflops": 19.5}
+_HOPPER = {"smem_optin": 227 * KIB, "smem_per_sm": 228 * KIB}
+_PRO6000 = {"sm_count": 188, "smem_optin": 99 * KIB, "smem_per_sm": 100 * KIB, "l2_bytes": 128 * MIB,
+            "mem_gb": 96, "mem_bw_gbs": 1792, "peak_fp16_tflops": 503.8, "peak_fp32_tflops": 126.0}
+
 CATALOG: tuple[Card, ...] = (
-    _card("NVIDIA L40S", ("l40s",), (8, 9), sm_count=142, smem_optin=99 * KIB,
-          smem_per_sm=100 * KIB, l2_bytes=96 * MIB, mem_gb=48, mem_bw_gbs=864,
-          peak_fp16_tflops=362.0, peak_fp32_tflops=91.6, regs_per_block=65536),
-    _card("NVIDIA H100 80GB", ("h100", "h100-80"), (9, 0), sm_count=132, smem_optin=227 * KIB,
-          smem_per_sm=228 * KIB, l2_bytes=50 * MIB, mem_gb=80, mem_bw_gbs=3350,
-          peak_fp16_tflops=989.0, peak_fp32_tflops=67.0,
-          device_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100")),
-    _card("NVIDIA H200 141GB", ("h200",), (9, 0), sm_count=132, smem_optin=227 * KIB,
-          smem_per_sm=228 * KIB, l2_bytes=60 * MIB, mem_gb=141, mem_bw_gbs=4800,
-          peak_fp16_tflops=989.0, peak_fp32_tflops=67.0, device_names=("NVIDIA H200",)),
-    _card("NVIDIA A100 40GB", ("a100-40", "a100"), (8, 0), sm_count=108, smem_optin=163 * KIB,
-          smem_per_sm=164 * KIB, l2_bytes=40 * MIB, mem_gb=40, mem_bw_gbs=1555,
-          peak_fp16_tflops=312.0, peak_fp32_tflops=19.5,
-          device_names=("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB")),
-    _card("NVIDIA A100 80GB", ("a100-80",), (8, 0), sm_count=108, smem_optin=163 * KIB,
-          smem_per_sm=164 * KIB, l2_bytes=40 * MIB, mem_gb=80, mem_bw_gbs=2039,
-          peak_fp16_tflops=312.0, peak_fp32_tflops=19.5,
-          device_names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe")),
+    _card("NVIDIA L40S", ("l40s",), (8, 9), sm_count=142, l2_bytes=96 * MIB, mem_gb=48,
+          mem_bw_gbs=864, peak_fp16_tflops=362.0, peak_fp32_tflops=91.6, **_ADA),
+    _card("NVIDIA L40", ("l40",), (8, 9), sm_count=142, l2_bytes=96 * MIB, mem_gb=48,
+          mem_bw_gbs=864, peak_fp16_tflops=181.0, peak_fp32_tflops=90.5, **_ADA),
+    _card("NVIDIA L4", ("l4",), (8, 9), sm_count=58, l2_bytes=48 * MIB, mem_gb=24,
+          mem_bw_gbs=300, peak_fp16_tflops=121.0, peak_fp32_tflops=30.3, **_ADA),
+    _card("NVIDIA RTX 6000 Ada Generation", ("rtx6000-ada", "rtx6000ada"), (8, 9), sm_count=142,
+          l2_bytes=96 * MIB, mem_gb=48, mem_bw_gbs=960, peak_fp16_tflops=182.2,
+          peak_fp32_tflops=91.1, **_ADA),
+    _card("NVIDIA A10G", ("a10g",), (8, 6), sm_count=80, l2_bytes=6 * MIB, mem_gb=24,
+          mem_bw_gbs=600, peak_fp16_tflops=70.0, peak_fp32_tflops=31.2, **_AMPERE_GA10X),
+    _card("NVIDIA A10", ("a10",), (8, 6), sm_count=72, l2_bytes=6 * MIB, mem_gb=24,
+          mem_bw_gbs=600, peak_fp16_tflops=125.0, peak_fp32_tflops=31.2, **_AMPERE_GA10X),
+    _card("NVIDIA RTX A6000", ("rtxa6000", "a6000"), (8, 6), sm_count=84, l2_bytes=6 * MIB,
+          mem_gb=48, mem_bw_gbs=768, peak_fp16_tflops=154.8, peak_fp32_tflops=38.7,
+          **_AMPERE_GA10X),
+    _card("NVIDIA H100 80GB", ("h100", "h100-80", "h100-sxm"), (9, 0), sm_count=132,
+          l2_bytes=50 * MIB, mem_gb=80, mem_bw_gbs=3350, peak_fp16_tflops=989.0,
+          peak_fp32_tflops=67.0, device_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100"), **_HOPPER),
+    _card("NVIDIA H100 PCIe", ("h100-pcie",), (9, 0), sm_count=114, l2_bytes=50 * MIB, mem_gb=80,
+          mem_bw_gbs=2000, peak_fp16_tflops=756.0, peak_fp32_tflops=51.0, **_HOPPER),
+    _card("NVIDIA H100 NVL", ("h100-nvl",), (9, 0), sm_count=132, l2_bytes=50 * MIB, mem_gb=94,
+          mem_bw_gbs=3900, peak_fp16_tflops=835.0, peak_fp32_tflops=60.0, **_HOPPER),
+    _card("NVIDIA H200 141GB", ("h200",), (9, 0), sm_count=132, l2_bytes=60 * MIB, mem_gb=141,
+          mem_bw_gbs=4800, peak_fp16_tflops=989.0, peak_fp32_tflops=67.0,
+          device_names=("NVIDIA H200",), **_HOPPER),
+    _card("NVIDIA H20", ("h20",), (9, 0), sm_count=78, l2_bytes=60 * MIB, mem_gb=96,
+          mem_bw_gbs=4000, peak_fp16_tflops=148.0, peak_fp32_tflops=44.0, **_HOPPER),
+    _card("NVIDIA GH200 480GB", ("gh200",), (9, 0), sm_count=132, l2_bytes=50 * MIB, mem_gb=96,
+          mem_bw_gbs=4000, peak_fp16_tflops=989.0, peak_fp32_tflops=67.0,
+          device_names=("NVIDIA GH200",), **_HOPPER),
+    _card("NVIDIA A100 40GB", ("a100-40", "a100"), (8, 0), mem_gb=40, mem_bw_gbs=1555,
+          device_names=("NVIDIA A100-SXM4-40GB",), **_A100),
+    _card("NVIDIA A100 80GB", ("a100-80",), (8, 0), mem_gb=80, mem_bw_gbs=2039,
+          device_names=("NVIDIA A100-SXM4-80GB",), **_A100),
+    _card("NVIDIA A100-PCIE-40GB", ("a100-40-pcie",), (8, 0), mem_gb=40, mem_bw_gbs=1555, **_A100),
+    _card("NVIDIA A100 80GB PCIe", ("a100-80-pcie", "a100-pcie"), (8, 0), mem_gb=80,
+          mem_bw_gbs=1935, **_A100),
     _card("NVIDIA GeForce RTX 4090", ("rtx4090", "4090"), (8, 9), sm_count=128,
-          smem_optin=99 * KIB, smem_per_sm=100 * KIB, l2_bytes=72 * MIB, mem_gb=24,
-          mem_bw_gbs=1008, peak_fp16_tflops=330.3, peak_fp32_tflops=82.6),
+          l2_bytes=72 * MIB, mem_gb=24, mem_bw_gbs=1008, peak_fp16_tflops=330.3,
+          peak_fp32_tflops=82.6, **_ADA),
     _card("NVIDIA GeForce RTX 5090", ("rtx5090", "5090"), (12, 0), sm_count=170,
           smem_optin=99 * KIB, smem_per_sm=100 * KIB, l2_bytes=96 * MIB, mem_gb=32,
           mem_bw_gbs=1792, peak_fp16_tflops=419.0, peak_fp32_tflops=104.8),
+    _card("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", ("rtxpro6000",), (12, 0),
+          **_PRO6000),
+    _card("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", ("rtxpro6000-maxq",),
+          (12, 0), **{**_PRO6000, "peak_fp16_tflops": 438.9, "peak_fp32_tflops": 110.0}),
+    _card("NVIDIA RTX PRO 6000 Blackwell Server Edition", ("rtxpro6000-server",), (12, 0),
+          **{**_PRO6000, "mem_bw_gbs": 1597}),
     _card("NVIDIA B200", ("b200",), (10, 0), sm_count=148, smem_optin=227 * KIB,
           smem_per_sm=228 * KIB, l2_bytes=126 * MIB, mem_gb=180, mem_bw_gbs=8000,
           peak_fp16_tflops=2250.0, peak_fp32_tflops=80.0),
@@ -127,8 +167,10 @@ def by_alias(alias: str) -> Card:
     for card in CATALOG:
         if key in card.aliases or key == card.name.lower():
             return card
+    near = difflib.get_close_matches(key, [*aliases(), AUTO, LOCAL], n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}? " if near else ""
     raise UnknownCardError(
-        f"unknown card {alias!r}; valid aliases: {', '.join(aliases())} "
+        f"unknown card {alias!r}; {hint}valid aliases: {', '.join(aliases())} "
         f"(or '{AUTO}' to accept the box's card, '{LOCAL}' to use this machine)"
     )
 

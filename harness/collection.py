@@ -44,6 +44,10 @@ JobKey = tuple[str, Job]  # (--gpu token, job)
 MIN_JOB_S = 10.0
 
 
+class BoxUnusable(BoxError):
+    """A box that already failed to open: its other jobs are skipped, the reason said once."""
+
+
 class CollectWarning(UserWarning):
     """A recoverable problem of the collection that the user should see."""
 
@@ -178,8 +182,7 @@ class Collection:
         if gpu in self.boxes:
             return self.boxes[gpu]
         if gpu in self.box_errors:
-            raise BoxError(f"box for --gpu={gpu} is unusable (see the first error): "
-                           f"{self.box_errors[gpu]}")
+            raise BoxUnusable(f"box for --gpu={gpu} is unusable: see the first job's failure")
         try:
             return self._open_box(gpu, progress)
         except Interrupted as exc:
@@ -204,6 +207,7 @@ class Collection:
         for note in driver.lock.notes:
             progress(note)
             warnings.warn(CollectWarning(note), stacklevel=1)
+        self._check_card_early(gpu, driver)
         driver.settle_orphan(progress)
         leftovers = self._take_in_leftovers(driver, progress)
         progress(f"box {transport.name}: pushing the harness to {driver.base}")
@@ -346,6 +350,26 @@ class Collection:
         self.drivers[gpu] = driver
         return driver
 
+    def _check_card_early(self, gpu: str, driver: BoxDriver) -> None:
+        """Refuse a box with another card in seconds, before anything is pushed or set up
+        (the probe after setup checks again, from what CUDA reports)."""
+        if gpu in (cards.LOCAL, cards.AUTO):
+            return
+        want = cards.by_alias(gpu)
+        what, name = driver.quick_card()
+        if what == "unknown":
+            return
+        if what == "cpu":
+            have, shown = cards.INTERPRETER, "no NVIDIA GPU (nvidia-smi finds none)"
+        elif what == "named":
+            have, shown = None, name
+        else:
+            have, shown = cards.canonicalize(name), name
+        if (have.name if have else name) != want.name:
+            raise BoxError(f"--gpu={gpu} wants {want.name} but box {driver.transport.name} has "
+                           f"{shown}; nothing was set up or measured. Use --gpu=auto to accept "
+                           "the box's card, or a box with that card")
+
     def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:
         from harness.box.probe import card_from_probe
 
@@ -412,12 +436,19 @@ class Collection:
                 return res
             by_option = left < timeout
             timeout = min(timeout, left)
-        progress(f"{gpu} {job.id}: {allot:.0f}s allotted")
+        k, n = box.plan.order.index(job) + 1, len(box.plan.order)
+        session_left = box.plan.remaining_s
+        started = time.monotonic()
+
+        def say(line: str) -> None:  # every line names the job and the session's time left
+            left = max(0.0, session_left - (time.monotonic() - started))
+            progress(f"{gpu} {job.id} [job {k} of {n}, {left:.0f}s of the session left]: {line}")
+
+        say(f"{allot:.0f}s allotted")
         try:
             outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
                                          run_id=self.run_id, job_args=job_args, timeout_s=timeout,
-                                         rows_dir=self.rows_dir,
-                                         on_line=lambda line: progress(f"{gpu} {job.id}: {line}"))
+                                         rows_dir=self.rows_dir, on_line=say)
         except Interrupted as exc:  # the second signal: leave at once, still say where things are
             where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
             res.outcome = JobOutcome(state="interrupted", remote_rows=where, summary={
@@ -431,7 +462,7 @@ class Collection:
             outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"
         res.outcome = outcome
         if outcome.rows_path is not None and self.merging:
-            progress(f"{gpu} {job.id}: merging its rows into {self.db_path}")
+            say(f"merging its rows into {self.db_path}")
             try:
                 res.merge = self._merge([RowsFile(outcome.rows_path,
                                                   source(self.run_id, outcome.rows_path.name))])

@@ -189,9 +189,10 @@ class CommandProvider:
 
 
 # SkyPilot's accelerator names for our cards
-SKY_ACCELERATORS = {"l40s": "L40S", "h100": "H100", "h200": "H200", "a100-40": "A100",
-                    "a100-80": "A100-80GB", "rtx4090": "RTX4090", "rtx5090": "RTX5090",
-                    "b200": "B200"}
+SKY_ACCELERATORS = {"l40s": "L40S", "l40": "L40", "l4": "L4", "a10g": "A10G", "a10": "A10",
+                    "rtx6000-ada": "RTX6000-Ada", "rtxa6000": "A6000", "h100": "H100",
+                    "h200": "H200", "gh200": "GH200", "a100-40": "A100", "a100-80": "A100-80GB",
+                    "rtx4090": "RTX4090", "rtx5090": "RTX5090", "b200": "B200"}
 
 
 @dataclass

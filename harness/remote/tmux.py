@@ -36,19 +36,23 @@ class Tmux:
 
     def job_line(self, argv: Sequence[str], *, cwd: str, log: str, status: str,
                  env: Mapping[str, str] | None = None) -> str:
-        """The shell line a session runs; every value is quoted."""
+        """The shell line a session runs; every value is quoted.  The command writes to the
+        log (so a dropped pane never breaks its output), and the pane follows the log, so
+        ``tmux attach`` shows it live; the command's own exit code lands in the status file."""
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
-        return (f"cd {shlex.quote(cwd)} && {exports}rm -f {shlex.quote(status)}; "
-                f"{shlex.join(list(argv))} > {shlex.quote(log)} 2>&1; "
-                f"echo $? > {shlex.quote(status)}.tmp && mv {shlex.quote(status)}.tmp {shlex.quote(status)}")
+        q_log, q_status = shlex.quote(log), shlex.quote(status)
+        return (f"cd {shlex.quote(cwd)} && {exports}rm -f {q_status}; : > {q_log}; "
+                f"{shlex.join(list(argv))} > {q_log} 2>&1 & job=$!; "
+                f"tail -n +1 -f --pid=$job {q_log} 2>/dev/null; wait $job; "
+                f"echo $? > {q_status}.tmp && mv {q_status}.tmp {q_status}")
 
     def start(self, name: str, argv: Sequence[str], *, cwd: str, log: str, status: str,
               env: Mapping[str, str] | None = None) -> None:
         """Start a detached session (a stale one of that name is ended first)."""
         self.kill(name)
-        # An earlier job's status must be gone before the session exists: a poll may come
-        # before the session's own shell has run its ``rm``.
-        self.transport.run(["rm", "-f", status], check=False, timeout=60)
+        # An earlier job's status and log must be gone before the session exists: a poll may
+        # come before the session's own shell has run, and must not read the last job's lines.
+        self.transport.run(["rm", "-f", status, log], check=False, timeout=60)
         line = self.job_line(argv, cwd=cwd, log=log, status=status, env=env)
         self.transport.run([*self._base(), "new-session", "-d", "-s", name, "bash", "-c", line],
                            timeout=60)
