@@ -35,7 +35,7 @@ def test_a_short_budget_is_shared_and_a_job_under_ten_seconds_is_skipped() -> No
     assert by[("own", "softmax")]["state"] == "budget spent"
     assert by[("tail", "matmul")]["state"] == "budget spent"
     assert p["measures"] < p["points"]
-    short = budget_preview(payload({"softmax": 10}, {"matmul": 10}), 15, 0.1, SHARES)
+    short = budget_preview(payload({"softmax": 10}, {"matmul": 10}), 8, 0.1, SHARES)
     assert [j["state"] for j in short["jobs"]] == ["skipped (under 10 s)", "skipped (under 10 s)"]
     lines = format_preview(p)
     assert lines[0].startswith("what 100s buys on NVIDIA H200 141GB (deployable)")
