@@ -65,3 +65,16 @@ def test_gpu_option_parsing() -> None:
         cards.parse_gpu_option("auto,h100")
     with pytest.raises(cards.UnknownCardError, match="names no card"):
         cards.parse_gpu_option(" , ")
+
+
+def test_the_box_extra_pins_what_box_install_installs() -> None:
+    """``--box-install`` installs exactly the ``box`` extra of pyproject.toml."""
+    import re
+    from pathlib import Path
+
+    from harness.box import BOX_PINS
+
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    box = re.search(r"^box = \[(.*)\]$", text, re.M)
+    assert box, "no box extra in pyproject.toml"
+    assert tuple(re.findall(r'"([^"]+)"', box[1])) == BOX_PINS

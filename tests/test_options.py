@@ -24,7 +24,7 @@ DOWN = "--down-cmd=true {{handle}}"
 
 # (id, arguments (after the defaults below; {tmp} is the test's folder), stderr regex)
 CASES: list[tuple[str, list[str], str]] = [
-    ("gpu-unknown", ["--gpu=l4"], r"--gpu: unknown card 'l4'; valid aliases: l40s, .*h200"),
+    ("gpu-unknown", ["--gpu=l4os"], r"--gpu: unknown card 'l4os'; did you mean 'l40s'\? valid aliases: l40s, .*h200"),
     ("gpu-empty", ["--gpu=,"], r"--gpu=',' names no card; valid: l40s, .*auto, local"),
     ("gpu-local-and-card", ["--gpu=local,h100"], r"--gpu='local,h100': 'local' cannot be combined"),
     ("gpu-twice", ["--gpu=h100,h100"], r"--gpu=h100,h100 names h100 more than once; name each card once"),

@@ -58,7 +58,7 @@ def test_several_cards_make_ids_per_card(project: pytest.Pytester) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--gpu=l4"], r"--gpu: unknown card 'l4'; valid aliases: l40s, .*h200"),
+    (["--gpu=l4os"], r"--gpu: unknown card 'l4os'; did you mean 'l40s'\? valid aliases: l40s, .*h200"),
     (["--gpu=local,h100"], r"'local' cannot be combined"),
     (["--budget-s=0"], r"--budget-s=0: the budget must be a positive number of seconds"),
     (["--budget-s=-5"], r"--budget-s=-5"),
@@ -83,11 +83,8 @@ def test_unwritable_db_is_refused_before_any_box(project: pytest.Pytester, tmp_p
     assert not (tmp_path / "box").exists()
 
 
-def test_plain_pytest_never_collects_sweeps() -> None:
-    import tomllib
-
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    assert cfg["testpaths"] == ["tests"]
+def test_plain_pytest_never_collects_sweeps(pytestconfig: pytest.Config) -> None:
+    assert pytestconfig.getini("testpaths") == ["tests"]
 
 
 def test_local_collection_needs_no_paramiko() -> None:

@@ -85,8 +85,8 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     # the run
     assert rep["format"] == "collect-node-data report" and rep["version"] == 1
     assert (rep["exit_status"], rep["exit_status_name"]) == (0, "OK")
-    started = datetime.fromisoformat(rep["started_at"])
-    finished = datetime.fromisoformat(rep["finished_at"])
+    started = datetime.fromisoformat(rep["started_at"].replace("Z", "+00:00"))
+    finished = datetime.fromisoformat(rep["finished_at"].replace("Z", "+00:00"))
     assert before <= started <= finished <= datetime.now().astimezone()
     assert rep["duration_s"] == pytest.approx((finished - started).total_seconds(), abs=0.1)
     o = rep["options"]
