@@ -162,8 +162,9 @@ if [ -z "$PY" ]; then
       "$HOME"/anaconda3/envs/*/bin/python "$HOME"/miniforge3/envs/*/bin/python "$HOME"/.pyenv/versions/*/bin/python \
       "$HOME"/*/bin/python "$HOME"/.venv*/bin/python "$HOME"/.virtualenvs/*/bin/python; do
     [ -x "$p" ] || continue
-    case " $seen " in *" $p "*) continue;; esac
-    seen="$seen $p"
+    d=$(dirname "$p")
+    case " $seen " in *" $d "*) continue;; esac
+    seen="$seen $d"
     v=$(timeout 120 "$p" -c {q(check)} 2>/dev/null) && echo "CANDIDATE $p ($v)"
   done
   echo NEED_TORCH > {status}.tmp
