@@ -153,9 +153,9 @@ def test_the_pool_hands_back_answers_and_bounds_every_wait() -> None:
         pool.submit("b", "softmax", {"M": 2}, {})
         pool.submit("a", "softmax", {"M": 1}, {})  # submitted once
         assert pool.submitted == 2
-        a = pool.wait("a", 60)
+        a = pool.wait("a", 180)  # a spawned process imports torch first: slow on a loaded machine
         assert a is not None and a["compile_s"] == 0.001 and a["pid"] != os.getpid()
-        assert pool.wait("b", 60)["kind"] == "softmax"  # type: ignore[index]
+        assert pool.wait("b", 180)["kind"] == "softmax"  # type: ignore[index]
         assert pool.wait("never-submitted", 1) is None
     finally:
         pool.close()
@@ -339,6 +339,7 @@ def test_rows_carry_provenance_of_the_measurement(tmp_path: Path) -> None:
     assert not GpuState().available or os.path.exists("/dev/nvidiactl")
 
 
+@pytest.mark.slow
 def test_a_pool_given_the_target_compiles_with_no_gpu_at_all(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the target given, a pool process compiles a real point to a cubin without asking
