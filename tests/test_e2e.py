@@ -7,6 +7,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -63,6 +64,12 @@ def test_collect_local_interpret_end_to_end(tmp_path: Path, tmux_socket: str) ->
                            capture_output=True)
     assert alive.returncode != 0
 
+    # progress names the job (k of N) and the session's time left, and a job's lines are its own
+    assert re.search(r"local own-\w+ \[job 1 of \d+, \d+s of the session left\]: \d+s allotted", out)
+    for m in re.finditer(r"local (\w+)-(\w+) \[job \d+ of \d+, [^\]]*\]: \[batch \d+\] (\w+) (\w+)", out):
+        assert (m[1], m[2]) == (m[3], m[4]), m[0]
+    assert "status: COMPLETE (sweep done + merge done)" in out
+
     # resume: what the node table holds is not measured again
     n_before = len(rows)
     r2 = _collect(tmp_path, tmux_socket, "--budget-s=20", "--max-dist=1", "--tail-cap=3", "-k", "own and softmax")
@@ -96,3 +103,17 @@ def test_a_box_python_without_torch_is_refused_naming_the_pythons_that_have_it(
     assert "pass one as --box-python=PATH (e.g. --box-python=" in out
     assert "--box-install" in out
     assert not (tmp_path / "box" / "venv").exists()
+
+
+def test_a_box_with_another_card_is_refused_in_seconds_before_any_setup(tmp_path: Path,
+                                                                      tmux_socket: str) -> None:
+    t0 = time.monotonic()
+    r = _collect(tmp_path, tmux_socket, "--gpu=h200", "--budget-s=20", "-k", "own")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert time.monotonic() - t0 < 60  # seconds here; the bound holds on a loaded machine
+    assert "--gpu=h200 wants NVIDIA H200 141GB but box local has no NVIDIA GPU" in out
+    assert out.count("wants NVIDIA H200 141GB") <= 3  # said once: the failure, its table line, -ra
+    assert "is unusable: see the first job's failure" in out
+    assert not (tmp_path / "box" / "setup.log").exists() and not (tmp_path / "box" / "repo").exists()
+    assert "status: FAILED (1 job(s) failed" in out

@@ -51,3 +51,12 @@ def test_the_cli_prints_a_table_or_json() -> None:
     js = subprocess.run([*cmd, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     data = json.loads(js.stdout)
     assert data["budget"]["budget_s"] == 60 and data["budget"]["jobs"]
+
+
+def test_a_filter_that_starts_with_a_dash_reaches_the_box_as_a_value() -> None:
+    from harness.box.__main__ import parser
+    from harness.boxctl import pool_args
+
+    args = pool_args({"max_dist": 2, "tail_cap": 200, "filter": "-k"})
+    assert args[-1] == "--filter=-k"
+    assert parser().parse_args(["plan", *args]).filter == "-k"
