@@ -2,19 +2,26 @@
 
 A *job* is one (slice, kind) pair, e.g. ``own-softmax``; its pool is the number of points it
 still has to measure on this card.  The planner is pure: it is given the wall-clock budget,
-the slice shares and the pools of the jobs pytest selected, and it is told as each job
-finishes how long it took.
+the slice shares, the pools of the jobs pytest selected and, where known, how many seconds a
+point of each kind takes; it is told as each job finishes how long it took.
 
 Lifecycle: build a :class:`BudgetPlan`, then for each job of :attr:`BudgetPlan.order` in turn
 ask :meth:`~BudgetPlan.allotment`, run the job for at most that long, and report it with
-:meth:`~BudgetPlan.record` (or :meth:`~BudgetPlan.skip` if it never ran).  Allotments are
-recomputed from what earlier jobs really spent, so
+:meth:`~BudgetPlan.record` (or :meth:`~BudgetPlan.skip` if it never ran); a measured rate can
+be handed in on the way (:meth:`~BudgetPlan.learn`).  Allotments are water-filled from what is
+left of the budget every time one is asked for, so time flows both ways:
 
-* a kind that finishes early leaves its unused time to the kinds after it in its slice
-  (small kinds run first and are guaranteed data; the biggest kind gets the rest);
-* a slice's unused time flows to later slices, and an overrun shrinks what comes after;
-* a slice with no runnable job, or a zero share, gets nothing and its share is spread over
-  the others.
+* the slices still to run share what is left in proportion to their shares, but no slice
+  gets more than its jobs can use (their points times the seconds a point takes, with a
+  margin): what one cannot use goes to the others in proportion to their shares, *also to the
+  slice running now*, so own gets what cross and tail cannot use before they run;
+* inside a slice the kinds still to run share the slice's time equally, water-filled the same
+  way, so a small kind gets what it needs and the biggest kind the rest;
+* a job that finishes early or overruns changes what is left, and so every later allotment;
+* a slice with no runnable job, or a zero share, gets nothing.
+
+Without rates (``s_per_point`` not given) every job could use any time, and the allotments
+are the shares of what is left, split equally among a slice's kinds.
 """
 
 from __future__ import annotations
@@ -22,10 +29,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from harness.slices import SLICES
 
-__all__ = ["BudgetPlan", "Job", "ShareError", "normalize_shares"]
+__all__ = ["BudgetPlan", "Job", "ShareError", "normalize_shares", "waterfill"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,26 +84,47 @@ def normalize_shares(shares: Mapping[str, float]) -> dict[str, float]:
     return {name: value / total for name, value in scaled.items()}
 
 
+# A job gets up to this many times what its points are estimated to take: an estimate that
+# is too low strands points, one that is too high only hands the time on to later jobs.
+NEED_MARGIN = 1.5
+
+
+def waterfill(total: float, weights: Mapping[T, float], caps: Mapping[T, float]) -> dict[T, float]:
+    """Share ``total`` in proportion to ``weights``, no one more than its cap; what a capped one
+    leaves is shared by the rest the same way.  Pure; ``total`` may be infinite."""
+    out: dict[T, float] = {}
+    active = {k for k, w in weights.items() if w > 0}
+    left = total
+    while active:
+        w_sum = sum(weights[k] for k in active)
+        capped = {k for k in active if caps[k] <= left * weights[k] / w_sum}
+        if not capped:
+            for k in active:
+                out[k] = left * weights[k] / w_sum
+            return out
+        for k in capped:
+            out[k] = caps[k]
+            left -= caps[k]
+        active -= capped
+    return out
+
+
 class BudgetPlan:
     """Order and allotments of the selected sweep jobs under one wall-clock budget.
 
     ``order``, when given, fixes the run order (slices must still run own → cross → tail);
-    otherwise it is computed as below.
-
-    ``pool`` maps each *selected* job to the number of points it still has to measure.
-    :attr:`order` runs slices own → cross → tail, and inside a slice the kinds with the
-    smallest pool first (ties by kind name); jobs with no points and jobs of zero-share
-    slices are left out.  :attr:`nominal` is each slice's first-pass budget: ``budget_s``
-    times its share renormalized over the slices that have a runnable job.
-
-    A job's allotment is its slice's available time divided by the kinds of the slice still
-    to run (this one included), where available time is the slice's nominal budget plus what
-    earlier slices left unused (or minus what they overran) minus what this slice spent so
-    far.  It is never negative and never more than ``budget_s`` minus everything spent.
+    otherwise slices run own → cross → tail and inside a slice the kinds with the smallest
+    pool first (ties by kind name); jobs with no points and jobs of zero-share slices are left
+    out.  :attr:`nominal` is each slice's share of the whole budget, renormalized over the
+    slices that have a runnable job.  ``s_per_point`` (kind → seconds a point takes, or one
+    number for every kind) and ``job_overhead_s`` (a job's own start and end) let the
+    allotments follow what each job can use; see the module docstring.
     """
 
     def __init__(self, budget_s: float, shares: Mapping[str, float], pool: Mapping[Job, int],
-                 order: Sequence[Job] | None = None):
+                 order: Sequence[Job] | None = None,
+                 s_per_point: Mapping[str, float] | float | None = None,
+                 job_overhead_s: float = 0.0):
         budget_s = float(budget_s)
         if math.isnan(budget_s) or budget_s < 0:
             raise ValueError(f"budget_s (--budget-s) must be >= 0 seconds, got {budget_s!r}")
@@ -133,6 +164,11 @@ class BudgetPlan:
             name: budget_s * self.shares[name] / live_total if name in live else 0.0
             for name in SLICES
         }
+        if s_per_point is None or isinstance(s_per_point, Mapping):
+            self.rates: dict[str, float] = dict(s_per_point or {})
+        else:
+            self.rates = {job.kind: float(s_per_point) for job in self.order}
+        self.job_overhead_s = float(job_overhead_s)
         self._spent: dict[Job, float] = {}
 
     @property
@@ -150,6 +186,18 @@ class BudgetPlan:
         """The job to run next, or None when every job of :attr:`order` has finished."""
         done = len(self._spent)
         return self.order[done] if done < len(self.order) else None
+
+    def learn(self, kind: str, s_per_point: float) -> None:
+        """A rate measured on the way (e.g. by an earlier job of the same kind)."""
+        if math.isfinite(s_per_point) and s_per_point > 0:
+            self.rates[kind] = float(s_per_point)
+
+    def need_s(self, job: Job) -> float:
+        """What ``job`` can use: its points at its kind's rate, with a margin (inf: unknown)."""
+        rate = self.rates.get(job.kind)
+        if rate is None:
+            return math.inf
+        return NEED_MARGIN * self.pool[job] * rate + self.job_overhead_s
 
     def _check_next(self, job: Job) -> None:
         if job in self._spent:
@@ -170,14 +218,18 @@ class BudgetPlan:
             )
 
     def allotment(self, job: Job) -> float:
-        """Seconds ``job`` (which must be :attr:`next_job`) may use; recomputed from what was spent."""
+        """Seconds ``job`` (which must be :attr:`next_job`) may use, water-filled from what is
+        left of the budget over the jobs still to run."""
         self._check_next(job)
-        index = SLICES.index(job.slice)
-        through_slice = sum(self.nominal[name] for name in SLICES[: index + 1])
-        spent = self.spent_s
-        available = min(through_slice - spent, self.budget_s - spent)
-        kinds_left = sum(1 for j in self.order if j.slice == job.slice and j not in self._spent)
-        return max(0.0, available) / kinds_left
+        left = self.remaining_s
+        todo = [j for j in self.order if j not in self._spent]
+        slices = {j.slice for j in todo}
+        per_slice = waterfill(left, {s: self.shares[s] for s in slices},
+                              {s: sum(self.need_s(j) for j in todo if j.slice == s) for s in slices})
+        mine = [j for j in todo if j.slice == job.slice]
+        per_job = waterfill(per_slice.get(job.slice, 0.0), {j: 1.0 for j in mine},
+                            {j: self.need_s(j) for j in mine})
+        return max(0.0, per_job.get(job, 0.0))
 
     def record(self, job: Job, spent_s: float) -> None:
         """Report that ``job`` finished having used ``spent_s`` seconds (it may overrun a little)."""
@@ -188,6 +240,34 @@ class BudgetPlan:
                 f"job {job.id!r}: spent_s must be a finite number >= 0, got {spent_s!r}"
             )
         self._spent[job] = spent_s
+
+    def top_ups(self, points_left: Mapping[Job, int]) -> dict[Job, float]:
+        """Once every job of :attr:`order` has run: what is left of the budget, water-filled
+        over the jobs that still have points (each capped at what those points take, by the
+        shares of their slices, split equally within a slice).  A job that could not know the
+        time later jobs would leave unused gets it now."""
+        if self.next_job is not None:
+            raise ValueError("top-ups come after every job of the plan has run")
+        todo = {j: n for j, n in points_left.items() if n > 0 and j in self.order}
+        if not todo or self.remaining_s <= 0:
+            return {}
+        need = {j: self.need_s(Job(j.slice, j.kind)) * n / max(1, self.pool[j])
+                for j, n in todo.items()}
+        slices = {j.slice for j in todo}
+        per_slice = waterfill(self.remaining_s, {s: self.shares[s] for s in slices},
+                              {s: sum(need[j] for j in todo if j.slice == s) for s in slices})
+        out: dict[Job, float] = {}
+        for s in slices:
+            mine = [j for j in todo if j.slice == s]
+            out.update(waterfill(per_slice.get(s, 0.0), {j: 1.0 for j in mine},
+                                 {j: need[j] for j in mine}))
+        return out
+
+    def record_top_up(self, job: Job, spent_s: float) -> None:
+        """Report the seconds a top-up of ``job`` used."""
+        if not math.isfinite(spent_s) or spent_s < 0:
+            raise ValueError(f"top-up of {job.id!r}: spent_s must be >= 0, got {spent_s!r}")
+        self._spent[job] = self._spent.get(job, 0.0) + float(spent_s)
 
     def skip(self, job: Job) -> None:
         """Report that ``job`` finished without spending anything (e.g. deselected or nothing left)."""

@@ -98,17 +98,50 @@ def test_allotments_flow_inside_and_across_slices() -> None:
     plan = BudgetPlan(100, SHARES, _pool())
     reduce_, softmax, matmul, cross = plan.order
     assert plan.allotment(reduce_) == pytest.approx(25.0)  # 75 / 3 kinds
-    plan.record(reduce_, 10.0)  # 15 s unused
-    assert plan.allotment(softmax) == pytest.approx(32.5)  # (75 - 10) / 2
-    plan.record(softmax, 32.5)
-    assert plan.allotment(matmul) == pytest.approx(32.5)
-    plan.record(matmul, 30.0)  # 2.5 s unused flows to cross
-    assert plan.allotment(cross) == pytest.approx(27.5)
-    assert plan.spent_s == pytest.approx(72.5)
-    assert plan.remaining_s == pytest.approx(27.5)
-    plan.record(cross, 27.5)
+    plan.record(reduce_, 10.0)  # 15 s unused: shared by what is left, cross too
+    assert plan.allotment(softmax) == pytest.approx(90 * 0.75 / 2)
+    plan.record(softmax, 33.75)
+    assert plan.allotment(matmul) == pytest.approx(56.25 * 0.75)
+    plan.record(matmul, 40.0)  # 2.1875 s unused flows to cross
+    assert plan.allotment(cross) == pytest.approx(16.25)
+    assert plan.spent_s == pytest.approx(83.75)
+    plan.record(cross, 16.25)
     assert plan.next_job is None
     assert plan.remaining_s == pytest.approx(0.0)
+
+
+def test_time_flows_back_to_a_slice_from_the_slices_that_cannot_use_it() -> None:
+    """The case seen on a real plan: cross and tail run dry quickly, own has points left."""
+    pool = {Job("own", "matmul"): 10_000, Job("cross", "matmul"): 100, Job("tail", "matmul"): 50}
+    plan = BudgetPlan(1000, SHARES, pool, s_per_point=0.1)
+    own, cross, tail = plan.order
+    # cross can use 1.5 × 100 × 0.1 = 15 s and tail 7.5 s: own gets the rest, now (whatever
+    # the shares say)
+    assert plan.allotment(own) == pytest.approx(1000 - 15 - 7.5)
+    plan.record(own, 977.5)
+    assert plan.allotment(cross) == pytest.approx(15.0)
+
+
+def test_an_exhausted_slice_shares_its_time_in_proportion() -> None:
+    """Own runs dry: its unused time goes to cross and tail 25:15 (0.625 for cross)."""
+    pool = {Job("own", "softmax"): 10, Job("cross", "matmul"): 10_000, Job("tail", "matmul"): 10_000}
+    plan = BudgetPlan(1000, {"own": 60, "cross": 25, "tail": 15}, pool, s_per_point=0.1)
+    own, cross, tail = plan.order
+    assert plan.allotment(own) == pytest.approx(1.5)  # 10 points: all it can use
+    plan.record(own, 1.0)
+    assert plan.allotment(cross) == pytest.approx(999.0 * 25 / 40)
+
+
+def test_a_small_kind_gets_what_it_needs_and_the_big_one_the_rest() -> None:
+    pool = {Job("own", "softmax"): 20, Job("own", "matmul"): 5000}
+    plan = BudgetPlan(100, {"own": 1}, pool, s_per_point={"softmax": 0.1, "matmul": 0.1},
+                      job_overhead_s=2.0)
+    softmax, matmul = plan.order
+    assert plan.allotment(softmax) == pytest.approx(1.5 * 20 * 0.1 + 2.0)
+    plan.record(softmax, 4.0)
+    assert plan.allotment(matmul) == pytest.approx(96.0)
+    plan.learn("matmul", 0.001)  # faster than thought: capped at what it can use
+    assert plan.allotment(matmul) == pytest.approx(1.5 * 5000 * 0.001 + 2.0)
 
 
 def test_overrun_shrinks_later_allotments_and_never_negative() -> None:
@@ -117,7 +150,7 @@ def test_overrun_shrinks_later_allotments_and_never_negative() -> None:
     plan.record(reduce_, 10.0)
     plan.record(softmax, 32.5)
     plan.record(matmul, 40.0)  # 7.5 s over its allotment
-    assert plan.allotment(cross) == pytest.approx(17.5)
+    assert plan.allotment(cross) == pytest.approx(17.5)  # what is left: 100 - 82.5
 
     plan = BudgetPlan(100, SHARES, _pool())
     plan.record(plan.order[0], 150.0)  # far over the whole budget
@@ -298,3 +331,32 @@ def test_explicit_order_is_kept_and_checked():
         BudgetPlan(100.0, {"own": 60, "cross": 25, "tail": 15}, pool, order=list(reversed(order)))
     with pytest.raises(ValueError, match="leaves out runnable jobs: own-softmax"):
         BudgetPlan(100.0, {"own": 60, "cross": 25, "tail": 15}, pool, order=order[:1] + order[3:])
+
+
+@settings(max_examples=300)
+@given(_budgets, _shares, _pools, st.dictionaries(st.sampled_from(KINDS), st.floats(0.01, 10.0)))
+def test_with_true_rates_no_budget_is_left_while_a_job_has_points_left(budget, shares, pool, rates) -> None:
+    """Jobs spend what their points take (at the rate the plan was told) or their allotment;
+    if some job ran out of time with points left, at most 5% of the budget was left unspent."""
+    rates = {k: rates.get(k, 1.0) for k in KINDS}
+    plan = BudgetPlan(budget, shares, pool, s_per_point=rates)
+    stranded = False
+    for job in list(plan.order):
+        allot = plan.allotment(job)
+        need = plan.pool[job] * rates[job.kind]
+        stranded |= allot < need
+        plan.record(job, min(allot, need))
+    # then the top-ups: what is left goes to the jobs with points left
+    left = {job: 0 for job in plan.order}
+    for _ in range(3):
+        points = {}
+        for job in plan.order:
+            done_s = plan._spent[job]
+            points[job] = max(0, plan.pool[job] - int(done_s / rates[job.kind] + 1e-9))
+        extra = plan.top_ups(points)
+        for job, allot in extra.items():
+            plan.record_top_up(job, min(allot, points[job] * rates[job.kind]))
+        left = points
+    still = any(left[job] > 1 for job in plan.order)  # a last point may not fit
+    if stranded and still:
+        assert plan.remaining_s <= 0.05 * budget + max(rates.values()) + 1e-6
