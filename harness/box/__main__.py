@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from harness.slices import SLICES
@@ -154,7 +155,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # through its clean-up, which keeps the marks of the rows already written
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
-    run_job(cfg)
+    from harness.box import process_age_s
+
+    # the job's time counts from its process's start: imports, probe and pool build too
+    run_job(cfg, started=time.monotonic() - process_age_s())
     return 0
 
 

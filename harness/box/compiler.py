@@ -191,6 +191,13 @@ class CompilePool:
         except Exception:  # noqa: BLE001 - a broken pool: the worker compiles
             return None
 
+    def forget(self) -> None:
+        """Drop what a job queued but never waited for (the service's pool outlives its jobs):
+        compiles not yet started are cancelled; the answers of those under way are dropped."""
+        for fut in self._futures.values():
+            fut.cancel()
+        self._futures.clear()
+
     def close(self) -> None:
         """Drop what is queued and end the pool processes at once (a compile in progress too)."""
         for fut in self._futures.values():

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import pools
-from harness.box import process_age_s
 from harness.box.probe import FORCE_INTERPRET_ENV, card_from_probe, probe
 from harness.cards import DEPLOYABLE, INTERPRET
 from harness.ledger import Ledger
@@ -267,6 +266,71 @@ def _pool_target() -> tuple[str, int, int] | None:
     return ("cuda", cc, 32) if cc else None
 
 
+@dataclass
+class Tools:
+    """What jobs measure with: the probe of the box, the compile pool and the bench worker.
+
+    A job started alone (``python -m harness.box run``) makes its own and closes them at its
+    end; the box service (:mod:`harness.box.service`) makes them once and keeps them warm for
+    every job of the session.  Where the box likely has a GPU, the pool (warming up) and the
+    worker (starting torch and CUDA) start before the probe, in parallel with it."""
+
+    info: dict[str, Any]
+    card: Any
+    pool: Any
+    worker: Worker
+    warmup: int
+    iters: int
+    remeasure: int
+    owns_pool: bool = False
+
+    @classmethod
+    def start(cls, cfg: JobConfig, worker_log: Path, compile_pool: Any = None) -> Tools:
+        from harness.box.compiler import CompilePool, default_workers
+
+        n_pool = default_workers() if cfg.compile_workers is None else cfg.compile_workers
+        pool, worker, made = compile_pool, None, False  # made: started early, here
+        if compile_pool is None and gpu_likely():
+            pool = CompilePool(n_pool, target=_pool_target()) if n_pool > 0 else None
+            made = pool is not None
+            if pool is not None:
+                pool.warm()
+            worker = Worker(DEPLOYABLE, cfg.warmup, cfg.iters, cfg.seed, worker_log,
+                            max_cv=cfg.max_cv, remeasure=cfg.remeasure)
+            worker.start()
+        try:
+            info = probe()
+            card = card_from_probe(info)
+        except BaseException:
+            _close_early(pool if made else None, worker)
+            raise
+        regime = info["regime"]
+        if regime == INTERPRET:  # CPU timings: few calls, not worth timing again
+            warmup, iters, remeasure = 1, 3, 0
+            if made:
+                _close_early(pool, worker)
+                pool, worker, made = None, None, False
+        else:
+            warmup, iters, remeasure = cfg.warmup, cfg.iters, cfg.remeasure
+            if pool is None and compile_pool is None and n_pool > 0:
+                pool, made = CompilePool(n_pool, target=_pool_target()), True
+        if worker is None:
+            worker = Worker(regime, warmup, iters, cfg.seed, worker_log, max_cv=cfg.max_cv,
+                            remeasure=remeasure)
+        # tools started for one job close their pool with the job, one handed in too
+        return cls(info=info, card=card, pool=pool, worker=worker, warmup=warmup, iters=iters,
+                   remeasure=remeasure, owns_pool=pool is not None)
+
+    @property
+    def regime(self) -> str:
+        return str(self.info["regime"])
+
+    def close(self) -> None:
+        self.worker.close()
+        if self.owns_pool and self.pool is not None:
+            self.pool.close()
+
+
 def _close_early(pool: Any, worker: Any) -> None:
     if pool is not None:
         pool.close()
@@ -284,7 +348,9 @@ BUDGET_GRACE_S = 20.0
 
 
 def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
-            compile_pool: Any = None) -> dict[str, Any]:
+            compile_pool: Any = None, *, tools: Tools | None = None,
+            started: float | None = None,
+            should_stop: Any = None) -> dict[str, Any]:
     """Run one job to its budget or the end of its pool; returns (and writes) the summary.
 
     The coming batches are drawn ahead and compile in a process pool (``compiler.CompilePool``)
@@ -294,65 +360,47 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     (an attempt); one still waiting for its compile when the budget ran out has no row and is
     measured next run.  When its rows file or ledger cannot be
     written (a full disk), the job stops, keeps the whole rows already written, writes the
-    summary with an ``error`` and exits with status 1.  ``compile_pool`` is a test seam."""
+    summary with an ``error`` and exits with status 1.
+
+    ``tools`` are the box service's (kept warm across jobs; else the job makes and closes its
+    own); ``started`` is when the job's time began on ``clock`` (default: now); ``should_stop``
+    is asked before every point (the service's stop request).  ``compile_pool`` is a test
+    seam."""
     from harness import kinds as registry
-    from harness.box.compiler import CompilePool, default_workers
     from harness.box.gpustate import GpuState
 
-    t0 = clock() - (process_age_s() if clock is time.monotonic else 0.0)
+    t0 = clock() if started is None else started
     cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
-    worker_log = cfg.rows_path.parent / "worker.log"
-    # Where the box has a GPU, the compile pool (warming up with a first compile) and the bench
-    # worker (torch, CUDA) start before the probe and the pool build, in parallel with them.
-    early_pool, early_worker = None, None
-    if compile_pool is None and gpu_likely():
-        n_early = default_workers() if cfg.compile_workers is None else cfg.compile_workers
-        early_pool = CompilePool(n_early, target=_pool_target()) if n_early > 0 else None
-        if early_pool is not None:
-            early_pool.warm()
-        early_worker = Worker(DEPLOYABLE, cfg.warmup, cfg.iters, cfg.seed, worker_log,
-                              max_cv=cfg.max_cv, remeasure=cfg.remeasure)
-        early_worker.start()
+    own_tools = tools is None
+    if tools is None:
+        tools = Tools.start(cfg, cfg.rows_path.parent / "worker.log", compile_pool)
     try:
-        info = probe()
-        card = card_from_probe(info)
-        regime = info["regime"]
-        warmup, iters = (cfg.warmup, cfg.iters) if regime != INTERPRET else (1, 3)
-        cfg.warmup, cfg.iters = warmup, iters
-        if regime == INTERPRET:  # CPU timings of the interpreter: not worth timing again
-            cfg.remeasure = 0
+        info, card, regime = tools.info, tools.card, tools.regime
+        warmup, iters = tools.warmup, tools.iters
+        cfg.warmup, cfg.iters, cfg.remeasure = warmup, iters, tools.remeasure
         ledger = Ledger.load(cfg.ledger_path)
         pool = pools.build(card, kinds=[cfg.kind], filter=cfg.filter, max_dist=cfg.max_dist,
                            tail_cap=cfg.tail_cap)
         points = pool.points(cfg.slice, cfg.kind)
     except BaseException:
-        _close_early(early_pool, early_worker)
+        if own_tools:
+            tools.close()
         raise
     remaining: dict[str, list[pools.Point]] = defaultdict(list)
     for p in points:
         if ledger.needs_run(p.key, regime, cfg.max_attempts):
             remaining[p.shape_id].append(p)
     total, todo = len(points), sum(len(v) for v in remaining.values())
-    if regime == INTERPRET or not todo:  # started for nothing
-        _close_early(early_pool, early_worker)
-        early_pool, early_worker = None, None
-    n_compile = 0
-    if early_pool is not None:
-        compile_pool = early_pool
-    elif compile_pool is None and regime != INTERPRET and todo:
-        n_compile = default_workers() if cfg.compile_workers is None else cfg.compile_workers
-        compile_pool = (CompilePool(n_compile, target=_pool_target()) if n_compile > 0
-                        else None)
-    if compile_pool is not None:
-        n_compile = compile_pool.workers
+    compile_pool = tools.pool
+    n_compile = compile_pool.workers if compile_pool is not None else 0
     print(f"[sweep] card {card.name} ({regime}); job {cfg.slice}-{cfg.kind}: {todo} of {total} "
           f"points to measure; budget {cfg.budget_s:.0f}s; "
           f"{n_compile or 'no'} compile-ahead processes; run {cfg.run_id}", file=log, flush=True)
     kind = registry.get(cfg.kind)
     card_feats = card.features()
     rng = random.Random(cfg.seed)
-    worker = early_worker or Worker(regime, warmup, iters, cfg.seed, worker_log,
-                                    max_cv=cfg.max_cv, remeasure=cfg.remeasure)
+    worker = tools.worker
+    restarts_before = worker.restarts
     if todo:  # its start-up (torch, CUDA) overlaps the pool's first compiles
         worker.start()
     gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None
@@ -404,6 +452,9 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
             if left_s() <= 0:
                 stop = "budget spent"
                 break
+            if should_stop is not None and should_stop():
+                stop = "stopped on request"
+                break
             while len(planned) <= lookahead and draw():
                 pass
             if not planned:
@@ -418,8 +469,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
             state = gpu_state.read() if gpu_state else {}
             cut = False
             for p in batch:
-                if left_s() <= 0:  # no point starts once the allotment is spent
-                    cut = True
+                if left_s() <= 0 or (should_stop is not None and should_stop()):
+                    cut = True  # no point starts once the allotment is spent or a stop asked
                     break
                 req: dict[str, Any] = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
                 waited = 0.0
@@ -486,7 +537,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                   f"left {left}, {max(0.0, left_s()):.0f}s of budget left",
                   file=log, flush=True)
             if cut:
-                stop = "budget spent"
+                asked = left_s() > 0 and should_stop is not None and should_stop()
+                stop = "stopped on request" if asked else "budget spent"
                 break
         save()
     except BoxWriteError as exc:
@@ -503,9 +555,10 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
         raise
     finally:
         rows_file.close()
-        worker.close()
-        if compile_pool is not None:
-            compile_pool.close()
+        if own_tools:
+            tools.close()
+        elif compile_pool is not None and hasattr(compile_pool, "forget"):
+            compile_pool.forget()
     elapsed = clock() - t0
     done = sum(1 for p in points if not ledger.needs_run(p.key, regime, cfg.max_attempts))
     benched = sum(counts.values())
@@ -515,7 +568,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                "failed": benched - counts["ok"], "statuses": dict(counts),
                "batches": batch_i, "elapsed_s": round(elapsed, 2), "budget_s": cfg.budget_s,
                "over_budget_s": round(elapsed - cfg.budget_s, 2) if cfg.budget_s else None,
-               "worker_restarts": worker.restarts,
+               "worker_restarts": worker.restarts - restarts_before,
                "compile_workers": n_compile,
                # what the pool compiled for without asking CUDA (None: Triton asked the GPU)
                "compile_target": list(t) if (t := getattr(compile_pool, "target", None)) else None,
