@@ -36,6 +36,8 @@ DEFAULT_BASE = "~/.local/share/emmy/node-collect"
 CODE_ROOT = Path(harness.__file__).resolve().parent.parent
 _EXCLUDE = ("__pycache__", "*.pyc", ".pytest_cache")
 RECONNECT_S = 900.0  # how long a start, stop or fetch waits for a box that stopped answering
+# How long a job asked to stop may take to finish its point before its service is ended.
+STOP_WAIT_S = 60.0
 
 T = TypeVar("T")
 
@@ -72,6 +74,9 @@ class BoxDriver:
     reconnect_s: float = RECONNECT_S
     lock: BoxLock | None = None  # taken by the collection before anything else
     chosen_python: str | None = None  # the Python setup found with torch and Triton
+    service_idle_s: float = 600.0  # the service ends when its controller is silent this long
+    service_run: str | None = None  # the run whose service is up
+    job_seq: int = 0
 
     def __post_init__(self) -> None:
         if self.base.startswith("~"):
@@ -100,13 +105,21 @@ class BoxDriver:
                 f"`tmux{sock} kill-session -t {SWEEP_SESSION}`, then run again")
         left = float(job.get("started", 0)) + float(job["limit_s"]) - time.time()
         left = max(0.0, min(left, wait_s))
-        say(f"box {self.transport.name}: job {job.get('slice')}-{job.get('kind')} of run "
-            f"{job.get('run_id')} (its controller is gone) is still measuring; waiting up to "
-            f"{left:.0f}s for it to end, then its rows are merged")
-        deadline = self.clock() + left
-        while self.tmux.alive(SWEEP_SESSION) and self.clock() < deadline:
-            self.sleep(min(self.poll_s, 10.0, max(0.05, deadline - self.clock())))
-        if self.tmux.alive(SWEEP_SESSION):
+        done = str(job.get("done") or "")
+
+        def finished() -> bool:
+            if done and self.transport.run(["test", "-e", done], check=False).rc == 0:
+                return True
+            return not self.tmux.alive(SWEEP_SESSION)
+
+        if not finished():
+            say(f"box {self.transport.name}: job {job.get('slice')}-{job.get('kind')} of run "
+                f"{job.get('run_id')} (its controller is gone) is still measuring; waiting up to "
+                f"{left:.0f}s for it to end, then its rows are merged")
+            deadline = self.clock() + left
+            while not finished() and self.clock() < deadline:
+                self.sleep(min(self.poll_s, 10.0, max(0.05, deadline - self.clock())))
+        if self.tmux.alive(SWEEP_SESSION):  # the orphan's service (idle now) or its stuck job
             self.stop()
 
     def quick_card(self) -> tuple[str, str]:
@@ -273,36 +286,90 @@ mv {status}.tmp {status}
                            timeout=900, env=self.env)
         return self.read_json(self.path("pool.json"))
 
-    def run_job(self, *, slice_: str, kind: str, budget_s: float, run_id: str,
-                job_args: Sequence[str], timeout_s: float, rows_dir: Path,
-                on_line: Callable[[str], None] | None = None) -> JobOutcome:
-        """Run one job in tmux, wait for it, bring its rows and summary home.
+    # -- the box service and its jobs ---------------------------------------------------------
+    def service_path(self, run_id: str, *parts: str) -> str:
+        return self.path("rows", run_id, "service", *parts)
 
-        A first :class:`~harness.interrupts.Interrupted` while it runs stops the job (its
-        session and processes) and still brings its rows home: the outcome is ``interrupted``.
-        A second one propagates at once; the rows then stay on the box for the next run."""
+    def start_service(self, run_id: str, args: Sequence[str],
+                      say: Callable[[str], None] | None = None, timeout_s: float = 900.0) -> None:
+        """Start the session's box service in tmux ``emmy-node-sweep`` and wait until it is up
+        (its probe, compile pool and bench worker started)."""
+        argv = [self.box_python, "-m", "harness.box", "serve", "--run-dir",
+                self.path("rows", run_id), "--idle-s", f"{self.service_idle_s:.0f}", *args]
+        ready = self.service_path(run_id, "ready.json")
+        self.transport.run(["mkdir", "-p", "-m", "700", self.service_path(run_id)])
+        self.transport.run(["rm", "-f", ready], check=False)
+        self._while_unreachable("starting the box service", lambda: self.tmux.start(
+            SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
+            status=self.path("sweep.status"), env=self.env), say)
+        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), ready, timeout_s, on_line=None)
+        if state.status is None:
+            alive = state.alive
+            if alive:
+                self.stop()
+            raise BoxError(f"the box service did not come up on {self.transport.name} within "
+                           f"{timeout_s:.0f}s ({'still starting' if alive else 'it ended'}); tail "
+                           f"of sweep.log:\n{self.tail(self.path('sweep.log'), 40)}")
+        self.service_run = run_id
+
+    def end_service(self, wait_s: float = 30.0) -> None:
+        """Ask the service to end (the session is over); end it by force if it does not."""
+        if self.service_run is None:
+            return
+        self.transport.run(["touch", self.service_path(self.service_run, "quit")], check=False)
+        self.service_run = None
+        deadline = self.clock() + wait_s
+        while self.tmux.alive(SWEEP_SESSION) and self.clock() < deadline:
+            self.sleep(0.5)
+        if self.tmux.alive(SWEEP_SESSION):
+            self.stop()
+
+    def run_job(self, *, slice_: str, kind: str, budget_s: float, run_id: str,
+                job_fields: Mapping[str, Any], timeout_s: float, rows_dir: Path,
+                service_args: Sequence[str] = (),
+                on_line: Callable[[str], None] | None = None) -> JobOutcome:
+        """Hand one job to the box service, wait for it, bring its rows and summary home.
+
+        At ``timeout_s`` or on a first :class:`~harness.interrupts.Interrupted` the job is asked
+        to stop at its next point (and the service ended if it does not within
+        ``STOP_WAIT_S``); its rows still come home: the outcome is ``stopped`` or
+        ``interrupted``.  A second interrupt propagates at once; the rows then stay on the box
+        for the next run.  A service that died is started again for the next job."""
         name = f"{slice_}-{kind}"
         rows = self.path("rows", run_id, f"{name}.jsonl")
         summary = self.path("summary", run_id, f"{name}.json")
-        argv = [self.box_python, "-m", "harness.box", "run", "--slice", slice_, "--kind", kind,
-                "--budget-s", f"{budget_s:.1f}", "--rows", rows, "--ledger", self.run_ledger(run_id),
-                "--summary", summary, "--run-id", run_id, *job_args]
-        t0 = self.clock()
         outcome = JobOutcome(state="done", remote_rows=rows)
-        with tempfile.TemporaryDirectory() as d:  # for a run that finds this job orphaned
+        t0 = self.clock()
+        if self.service_run != run_id or not self.tmux.alive(SWEEP_SESSION):
+            if on_line:
+                on_line("starting the box service")
+            self.start_service(run_id, service_args, on_line)
+        self.job_seq += 1
+        req = self.service_path(run_id, f"job-{self.job_seq:04d}.json")
+        done = req[: -len(".json")] + ".done"
+        stop_file = req[: -len(".json")] + ".stop"
+        fields = {**job_fields, "slice": slice_, "kind": kind, "budget_s": budget_s,
+                  "rows_path": rows, "ledger_path": self.run_ledger(run_id),
+                  "summary_path": summary, "run_id": run_id}
+        with tempfile.TemporaryDirectory() as d:
             job = Path(d) / "job.json"
             job.write_text(json.dumps({"run_id": run_id, "slice": slice_, "kind": kind,
-                                       "started": time.time(), "limit_s": timeout_s}))
+                                       "started": time.time(), "limit_s": timeout_s,
+                                       "done": done}))
             self._while_unreachable("starting the job", lambda: self.transport.put_file(
                 job, self.path("current-job.json")), on_line)
+            job.write_text(json.dumps(fields))
+            self._while_unreachable("starting the job", lambda: self.transport.put_file(
+                job, req), on_line)
+        mine = (f"{slice_} {kind}", name)
+        filtered = (lambda line: on_line(line) if any(m in line for m in mine) else None) \
+            if on_line else None
         try:
-            # (a start repeated after a broken connection ends the first one: the rows written
-            # stay in the file, and the points marked stay marked)
-            self._while_unreachable("starting the job", lambda: self.tmux.start(
-                SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
-                status=self.path("sweep.status"), env=self.env), on_line)
-            state = self._wait(SWEEP_SESSION, self.path("sweep.log"), self.path("sweep.status"),
-                               timeout_s, on_line=on_line)
+            state = self._wait(SWEEP_SESSION, self.path("sweep.log"), done, timeout_s,
+                               on_line=filtered)
+            if state.status is None and state.alive:  # the job's time ran out: ask it to stop
+                outcome.state = "stopped"
+                state = self._stop_job(stop_file, done, filtered)
         except Interrupted as exc:
             if exc.second:
                 raise
@@ -310,12 +377,17 @@ mv {status}.tmp {status}
             if on_line:
                 on_line(f"{exc.signame}: stopping the job and bringing its rows home (again to "
                         "leave at once: its rows stay on the box and the next run merges them)")
-            self._while_unreachable("stopping the job", self.stop, on_line)
+            state = self._stop_job(stop_file, done, filtered)
+        if state.status is None:
+            if not state.alive and outcome.state == "done":
+                outcome.state = "died"
+            self.service_run = None  # started again for the next job
         else:
-            if state.status is None:
-                outcome.state = "stopped" if state.alive else "died"
-                self._while_unreachable("stopping the job", self.stop, on_line)
-            elif state.status != "0":
+            try:
+                word = json.loads(state.status).get("status")
+            except (ValueError, AttributeError):
+                word = "failed"
+            if word != "ok" and outcome.state == "done":
                 outcome.state = "failed"
         outcome.elapsed_s = self.clock() - t0
         local_rows = rows_dir / run_id / f"{name}.jsonl"
@@ -326,7 +398,7 @@ mv {status}.tmp {status}
                 outcome.summary = self.read_json(summary)
             except BoxError:
                 outcome.summary = {}
-            if outcome.state != "done":
+            if outcome.state not in ("done", "stopped", "interrupted"):
                 outcome.log_tail = self.tail(self.path("sweep.log"), 40)
 
         try:
@@ -345,7 +417,21 @@ mv {status}.tmp {status}
             outcome.summary = _count_rows(outcome.rows_path)
             if outcome.state == "stopped":
                 outcome.summary["stop"] = f"its {timeout_s:.0f}s limit reached; harvested"
+        elif outcome.state == "stopped" and outcome.summary.get("stop") == "stopped on request":
+            outcome.summary["stop"] = f"its {timeout_s:.0f}s limit reached; harvested"
         return outcome
+
+    def _stop_job(self, stop_file: str, done: str,
+                  on_line: Callable[[str], None] | None) -> JobState:
+        """Ask the running job to stop at its next point; end the service if it does not."""
+        self._while_unreachable("stopping the job", lambda: self.transport.run(
+            ["touch", stop_file], timeout=60), on_line)
+        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), done, STOP_WAIT_S, on_line)
+        if state.status is None:
+            self._while_unreachable("stopping the job", self.stop, on_line)
+            self.service_run = None
+            state = JobState(alive=False, status=None, last_line=state.last_line)
+        return state
 
     def stop(self) -> None:
         """End the sweep session and the job's processes (harvest, never abandon): the job
@@ -353,7 +439,7 @@ mv {status}.tmp {status}
         killed; this returns once none of them is left."""
         # only this box folder's job (its argv names our rows folder); its bench worker exits
         # when the job's end of the pipe closes
-        pattern = "[h]arness[.]box run .*" + re.escape(self.path("rows"))
+        pattern = "[h]arness[.]box (run|serve) .*" + re.escape(self.path("rows"))
         for attempt in range(8):
             self.tmux.kill(SWEEP_SESSION)
             if attempt:
@@ -363,6 +449,15 @@ mv {status}.tmp {status}
             if left.rc != 0 and not self.tmux.alive(SWEEP_SESSION):
                 return
             self.sleep(1.0 if attempt < 3 else 3.0)
+
+    def _heartbeat(self) -> str:
+        """What every poll touches: the box's lock (other controllers see it held) and the
+        service's ``alive`` (the service sees its controller)."""
+        parts = [self.lock.heartbeat_line()] if self.lock else []
+        if self.service_run:
+            parts.append(f"touch {shlex.quote(self.service_path(self.service_run, 'alive'))} "
+                         "2>/dev/null")
+        return "; ".join(parts)
 
     def _wait(self, session: str, log: str, status: str, timeout_s: float,
               on_line: Callable[[str], None] | None) -> JobState:
@@ -375,8 +470,7 @@ mv {status}.tmp {status}
         last_seen = ""
         down_since: float | None = None
         while True:
-            state = self.tmux.poll(session, log=log, status=status,
-                                   extra=self.lock.heartbeat_line() if self.lock else "")
+            state = self.tmux.poll(session, log=log, status=status, extra=self._heartbeat())
             if state.alive is None:
                 if down_since is None:
                     down_since = self.clock()

@@ -39,9 +39,13 @@ from harness.slices import SLICES
 from harness.store import MergeReceipt, NodeStore, RowsFile, receipt_dict
 
 JobKey = tuple[str, Job]  # (--gpu token, job)
-# A job's process start, probe and pool build take ~5-10 s before its first batch (seen on an
-# H200 box and on the interpreter): an allotment below this would measure nothing.
-MIN_JOB_S = 10.0
+# The box service is up before the first job, so a job's own start is its pool build and a
+# request's round trip (about 1-2 s): an allotment below this would measure nothing.
+MIN_JOB_S = 3.0
+JOB_OVERHEAD_S = 2.0
+# Seconds a point takes where this card has no history yet: an H200 sweep of 300 s measured
+# 3348 points in 302 s of jobs; the interpreter on a 2-core machine about half a second.
+DEFAULT_S_PER_POINT = {"deployable": 0.09, "interpret": 0.5}
 
 
 class BoxUnusable(BoxError):
@@ -80,6 +84,7 @@ class JobResult:
     skipped: str | None = None
     merge: MergeReceipt | None = None
     merge_error: str | None = None
+    top_ups: list[dict[str, Any]] = field(default_factory=list)  # runs after the plan's last job
 
     def stat(self, name: str) -> Any:
         return (self.outcome.summary.get(name, 0) if self.outcome else 0) or 0
@@ -229,12 +234,37 @@ class Collection:
         pool = driver.plan(pool_args(self._opts()), driver.run_ledger(self.run_id))
         mine = [k for k in self.order if k[0] == gpu]
         counts = {j: sum(pool["remaining"][j.slice].get(j.kind, {}).values()) for _, j in mine}
-        plan = BudgetPlan(self.option("budget_s"), self.shares, counts, order=[j for _, j in mine])
+        rates = self._rates(card.name, probe["regime"], {j.kind for _, j in mine})
+        plan = BudgetPlan(self.option("budget_s"), self.shares, counts, order=[j for _, j in mine],
+                          s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S)
+        progress(f"box {transport.name}: starting the box service (tmux session emmy-node-sweep)")
+        driver.start_service(self.run_id, self._service_args(), progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, pool=pool, plan=plan,
                          setup_s=time.monotonic() - t0, leftovers=leftovers)
         state.leftovers["ledger_done"] = _done(ledger)
         self.boxes[gpu] = state
         return state
+
+    def _rates(self, card: str, regime: str, kinds: set[str]) -> dict[str, float]:
+        """Seconds a point of each kind takes on this card: the node table's history (the
+        median pace of earlier jobs), else a default for the regime."""
+        rates = {k: DEFAULT_S_PER_POINT.get(regime, 0.1) for k in kinds}
+        if self.merging:
+            with NodeStore(self.db_path) as store:
+                rates.update({k: v for k, v in store.paces(card, regime).items() if k in kinds})
+        return rates
+
+    def _service_args(self) -> list[str]:
+        o = self.config.option
+        args = ["--seed", str(o.seed), "--max-cv", str(o.max_cv), "--remeasure", str(o.remeasure)]
+        if o.compile_workers is not None:
+            args += ["--compile-workers", str(o.compile_workers)]
+        return args
+
+    def _job_fields(self) -> dict[str, Any]:
+        o = self.config.option
+        return {"batch": o.batch, "seed": o.seed, "point_timeout_s": o.point_timeout_s,
+                "max_dist": o.max_dist, "tail_cap": o.tail_cap, "filter": o.filter}
 
     def _ledger(self) -> Ledger:
         """The ledger of the node table, saved at ``--ledger``: a point is done there only
@@ -389,9 +419,11 @@ class Collection:
         try:
             if driver is not None:
                 try:
-                    if driver.lock is not None and not self.interrupts.leaving:
+                    if not self.interrupts.leaving:
                         with self.interrupts.shielded():
-                            driver.lock.release()
+                            driver.end_service()
+                            if driver.lock is not None:
+                                driver.lock.release()
                 finally:
                     driver.transport.close()
         finally:
@@ -416,15 +448,12 @@ class Collection:
         res.allotment_s = allot
         if allot < MIN_JOB_S:
             box.plan.skip(job)
-            res.skipped = (f"no budget left for this job ({allot:.1f}s allotted; a job's start-up "
-                           f"alone takes seconds, so under {MIN_JOB_S:.0f}s it is skipped)")
+            res.skipped = (f"no budget left for this job ({allot:.1f}s allotted; under "
+                           f"{MIN_JOB_S:.0f}s it would measure nothing)")
+            if box.plan.next_job is None:
+                res.top_ups = self._top_ups(box, progress, nodeid)
             return res
         o = self.config.option
-        job_args = [*pool_args(self._opts()), "--batch", str(o.batch), "--seed", str(o.seed),
-                    "--point-timeout-s", str(o.point_timeout_s), "--max-cv", str(o.max_cv),
-                    "--remeasure", str(o.remeasure)]
-        if o.compile_workers is not None:
-            job_args += ["--compile-workers", str(o.compile_workers)]
         bound = min(o.point_timeout_s, 20.0) + 60  # the job cuts a point at the budget's end
         timeout = allot + bound
         by_option = False
@@ -437,51 +466,126 @@ class Collection:
             by_option = left < timeout
             timeout = min(timeout, left)
         k, n = box.plan.order.index(job) + 1, len(box.plan.order)
-        session_left = box.plan.remaining_s
+        say = self._say(progress, gpu, job, f"job {k} of {n}", box.plan.remaining_s)
+        say(f"{allot:.0f}s allotted")
+        outcome, res.merge, res.merge_error = self._run_and_merge(
+            key, box, allot, timeout, say, nodeid, res)
+        box.plan.record(job, outcome.elapsed_s)
+        benched = int(outcome.summary.get("benched") or 0)
+        if benched >= 20 and outcome.state == "done":  # this run's own pace, for later jobs
+            box.plan.learn(job.kind, max(0.0, outcome.elapsed_s - JOB_OVERHEAD_S) / benched)
+        if outcome.state == "stopped" and by_option:
+            outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"
+        res.outcome = outcome
+        if outcome.interrupted is not None:
+            self._end_interrupted(key, outcome, res.merge, nodeid)
+        if box.plan.next_job is None:
+            res.top_ups = self._top_ups(box, progress, nodeid)
+        return res
+
+    @staticmethod
+    def _say(progress: Callable[[str], None], gpu: str, job: Job, where: str,
+             session_left: float) -> Callable[[str], None]:
         started = time.monotonic()
 
         def say(line: str) -> None:  # every line names the job and the session's time left
             left = max(0.0, session_left - (time.monotonic() - started))
-            progress(f"{gpu} {job.id} [job {k} of {n}, {left:.0f}s of the session left]: {line}")
+            progress(f"{gpu} {job.id} [{where}, {left:.0f}s of the session left]: {line}")
 
-        say(f"{allot:.0f}s allotted")
+        return say
+
+    def _run_and_merge(self, key: JobKey, box: BoxState, allot: float, timeout: float,
+                       say: Callable[[str], None], nodeid: str, res: JobResult
+                       ) -> tuple[JobOutcome, MergeReceipt | None, str | None]:
+        """Run one job (or top-up) on the box and merge its rows as soon as they are home."""
+        gpu, job = key
         try:
             outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
-                                         run_id=self.run_id, job_args=job_args, timeout_s=timeout,
-                                         rows_dir=self.rows_dir, on_line=say)
+                                         run_id=self.run_id, job_fields=self._job_fields(),
+                                         timeout_s=timeout, rows_dir=self.rows_dir,
+                                         service_args=self._service_args(), on_line=say)
         except Interrupted as exc:  # the second signal: leave at once, still say where things are
             where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
-            res.outcome = JobOutcome(state="interrupted", remote_rows=where, summary={
+            res.outcome = res.outcome or JobOutcome(state="interrupted", remote_rows=where, summary={
                 "stop": f"{exc.signame} twice: left at once; its rows stay on the box in {where}"})
             if self.harvest is not None:
                 self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
                                       reason=f"{exc.signame} twice: left at once")
             raise
-        box.plan.record(job, outcome.elapsed_s)
-        if outcome.state == "stopped" and by_option:
-            outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"
-        res.outcome = outcome
+        merge, merge_error = None, None
         if outcome.rows_path is not None and self.merging:
             say(f"merging its rows into {self.db_path}")
             try:
-                res.merge = self._merge([RowsFile(outcome.rows_path,
-                                                  source(self.run_id, outcome.rows_path.name))])
+                merge = self._merge([RowsFile(outcome.rows_path,
+                                              source(self.run_id, outcome.rows_path.name))])
             except Interrupted:
                 raise
             except Exception as exc:  # noqa: BLE001 - the rows stay pending; the job fails
-                res.merge_error = str(exc).splitlines()[0]
-        if outcome.interrupted is not None:
-            sig = outcome.interrupted.signame
-            merged = (f"{res.merge.rows_read} rows merged" if res.merge else
-                      f"its rows kept in {outcome.rows_path}" if outcome.rows_path else
-                      f"no rows came home; they stay on the box in {outcome.remote_rows}")
-            outcome.summary["stop"] = f"{sig}; stopped and harvested: {merged}"
-            if self.harvest is not None:
-                self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
-                                      reason=f"{sig}: the session was interrupted")
-            pytest.exit(f"{sig}: job {job.id} was stopped and harvested ({merged}); the session "
-                        "ends here", returncode=pytest.ExitCode.INTERRUPTED)
-        return res
+                merge_error = str(exc).splitlines()[0]
+        return outcome, merge, merge_error
+
+    def _end_interrupted(self, key: JobKey, outcome: JobOutcome, merge: MergeReceipt | None,
+                         nodeid: str) -> None:
+        sig = outcome.interrupted.signame  # type: ignore[union-attr]
+        merged = (f"{merge.rows_read} rows merged" if merge else
+                  f"its rows kept in {outcome.rows_path}" if outcome.rows_path else
+                  f"no rows came home; they stay on the box in {outcome.remote_rows}")
+        outcome.summary["stop"] = f"{sig}; stopped and harvested: {merged}"
+        if self.harvest is not None:
+            self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
+                                  reason=f"{sig}: the session was interrupted")
+        pytest.exit(f"{sig}: job {key[1].id} was stopped and harvested ({merged}); the session "
+                    "ends here", returncode=pytest.ExitCode.INTERRUPTED)
+
+    def _points_left(self, box: BoxState) -> dict[Job, int]:
+        """What each job of the card's plan left unmeasured for want of time."""
+        left: dict[Job, int] = {}
+        for (gpu, job), r in self.results.items():
+            if gpu != box.gpu or job not in box.plan.order:
+                continue
+            out = r.outcome
+            if out is None:
+                left[job] = box.plan.pool[job] if r.skipped and "no budget left" in r.skipped else 0
+            elif out.state == "done" and out.summary.get("stop") == "budget spent":
+                left[job] = max(0, int(out.summary.get("points_total") or 0)
+                                - int(out.summary.get("points_done") or 0))
+        return left
+
+    def _top_ups(self, box: BoxState, progress: Callable[[str], None],
+                 nodeid: str) -> list[dict[str, Any]]:
+        """Every planned job has run: what is left of the budget goes to the jobs that still
+        have points (earlier jobs could not know what later ones would leave unused)."""
+        o = self.config.option
+        done: list[dict[str, Any]] = []
+        extra = box.plan.top_ups(self._points_left(box))
+        for job in [j for j in box.plan.order if j in extra]:
+            allot = extra[job]
+            if allot < MIN_JOB_S:
+                continue
+            timeout = allot + min(o.point_timeout_s, 20.0) + 60
+            if o.timeout_s:
+                left = o.timeout_s - (time.monotonic() - box.started)
+                if left <= MIN_JOB_S:
+                    break
+                timeout = min(timeout, left)
+            say = self._say(progress, box.gpu, job, "top-up", box.plan.remaining_s)
+            say(f"{allot:.0f}s allotted: the time the jobs left unused, for its points left")
+            key = (box.gpu, job)
+            holder = JobResult(key)
+            outcome, merge, merge_error = self._run_and_merge(key, box, allot, timeout, say,
+                                                              nodeid, holder)
+            box.plan.record_top_up(job, outcome.elapsed_s)
+            entry = {"slice": job.slice, "kind": job.kind, "state": outcome.state
+                     + (f" ({outcome.summary['stop']})" if outcome.summary.get("stop") else ""),
+                     "allotment_s": round(allot, 1), "seconds": round(outcome.elapsed_s, 1),
+                     **{k: int(outcome.summary.get(k) or 0) for k in ("benched", "ok", "failed")},
+                     "merge": ({"state": "merged", **receipt_dict(merge)} if merge else
+                               {"state": "failed", "error": merge_error} if merge_error else {})}
+            done.append(entry)
+            if outcome.interrupted is not None:
+                self.results[key].top_ups = done  # type: ignore[attr-defined]
+                self._end_interrupted(key, outcome, merge, nodeid)
+        return done
 
     def _nothing_left(self, job: Job, box: BoxState) -> str:
         """Why a job has no points, true on a re-run too."""
@@ -527,6 +631,8 @@ class Collection:
             rep["merge"] = {"state": "failed", "error": r.merge_error}
         elif r.outcome and r.outcome.rows_path and not self.merging:
             rep["merge"] = {"state": "skipped (--no-merge)"}
+        if r.top_ups:
+            rep["top_ups"] = r.top_ups
         return rep
 
 

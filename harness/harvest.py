@@ -57,6 +57,7 @@ class JobReport:
     reason: str | None = None
     worker: str | None = None
     merge: dict[str, Any] = field(default_factory=dict)  # the job's own merge (see Collection)
+    top_ups: list[dict[str, Any]] = field(default_factory=list)  # run after the plan's last job
     leftovers: dict[str, Any] = field(default_factory=dict)  # what earlier runs left, merged
     db: str | None = None
 
@@ -68,7 +69,8 @@ class JobReport:
                 "benched": self.benched, "ok": self.ok, "failed": self.failed,
                 "statuses": dict(self.statuses), "points_done": self.points_done,
                 "points_total": self.points_total, "rows_file": self.rows_file,
-                "run_id": self.run_id, "worker": self.worker, "merge": dict(self.merge) or None}
+                "run_id": self.run_id, "worker": self.worker, "merge": dict(self.merge) or None,
+                "top_ups": list(self.top_ups)}
 
 
 @dataclass(eq=False)  # registered as a pytest plugin: must stay hashable
@@ -155,7 +157,7 @@ class Harvest:
             "backup": None, "error": None, "merge_command": None, "warnings": [], "leftovers": []}
         leaving = bool(self.interrupts is not None and self.interrupts.leaving)
         for j in self.jobs.values():  # the jobs' own merges and what earlier runs left
-            for part in (j.merge, j.leftovers):
+            for part in (j.merge, j.leftovers, *(t.get("merge") or {} for t in j.top_ups)):
                 if part.get("merged") is not None:
                     self._count(part)
             if j.leftovers.get("line"):
@@ -371,12 +373,15 @@ class Harvest:
         totals = {"jobs": {"total": len(jobs), **{o: outcomes.count(o) for o in
                                                   ("passed", "failed", "skipped", "interrupted",
                                                    "unfinished")}},
-                  "benched": sum(j.benched for j in self.jobs.values()),
-                  "ok": sum(j.ok for j in self.jobs.values()),
-                  "failed": sum(j.failed for j in self.jobs.values()),
+                  "benched": sum(j.benched + _top(j, "benched") for j in self.jobs.values()),
+                  "ok": sum(j.ok + _top(j, "ok") for j in self.jobs.values()),
+                  "failed": sum(j.failed + _top(j, "failed") for j in self.jobs.values()),
                   "statuses": dict(sorted(statuses.items())),
-                  "elapsed_s": round(sum(j.seconds for j in self.jobs.values()), 1),
-                  "allotment_s": round(sum(j.allotment_s or 0 for j in self.jobs.values()), 1)}
+                  "top_ups": sum(len(j.top_ups) for j in self.jobs.values()),
+                  "elapsed_s": round(sum(j.seconds + _top(j, "seconds")
+                                         for j in self.jobs.values()), 1),
+                  "allotment_s": round(sum((j.allotment_s or 0) + _top(j, "allotment_s")
+                                           for j in self.jobs.values()), 1)}
         try:
             name = pytest.ExitCode(int(exitstatus)).name
         except ValueError:
@@ -412,7 +417,7 @@ class Harvest:
         lines = ["", "=== collect-node-data summary ==="]
         for box in dict.fromkeys(j.box for j in self.jobs.values() if j.box):
             lines.append(f"box {box}")
-        spent = sum(j.seconds for j in self.jobs.values())
+        spent = sum(j.seconds + sum(t["seconds"] for t in j.top_ups) for j in self.jobs.values())
         lines.append(f"sweep: {spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s per card")
         lines.append(f"{'card':24} {'slice':5} {'kind':12} {'benched':>7} {'ok':>5} {'failed':>6} "
                      f"{'seconds':>8}  state")
@@ -420,6 +425,11 @@ class Harvest:
             card = j.card or j.gpu
             lines.append(f"{card[:24]:24} {j.slice:5} {j.kind:12} {j.benched:>7} {j.ok:>5} "
                          f"{j.failed:>6} {j.seconds:>8.1f}  {j.state}")
+        for j in self.jobs.values():
+            for t in j.top_ups:
+                lines.append(f"{(j.card or j.gpu)[:24]:24} {t['slice']:5} {t['kind']:12} "
+                             f"{t['benched']:>7} {t['ok']:>5} {t['failed']:>6} "
+                             f"{t['seconds']:>8.1f}  top-up: {t['state']}")
         lines.extend(self.receipt_lines)
         lines.extend(f"warning: {p}" for p in self.problems)
         lines.extend(self.report_lines)
@@ -456,6 +466,10 @@ class Harvest:
         tail = {"merged": "merge done", "skipped (--no-merge)": "merge skipped: --no-merge",
                 "nothing to merge": "nothing to merge"}.get(merge, merge)
         return f"status: COMPLETE ({stop} + {tail})"
+
+
+def _top(job: JobReport, name: str) -> Any:
+    return sum(t.get(name) or 0 for t in job.top_ups)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

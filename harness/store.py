@@ -700,6 +700,19 @@ class NodeStore:
             f"({','.join('?' * len(found))})", found))
         return existing, measured
 
+    def paces(self, gpu: str, regime: str, min_rows: int = 20) -> dict[str, float]:
+        """kind → median seconds a point took in this card's earlier jobs: each job (run,
+        slice, kind) with at least ``min_rows`` rows, from its first row's time to its last."""
+        spans: dict[str, list[float]] = {}
+        for kind, n, first, last in self._conn.execute(
+                "SELECT kind, COUNT(*), MIN(measured_at), MAX(measured_at) FROM node "
+                "WHERE gpu = ? AND regime = ? GROUP BY kind, run_id, slice HAVING COUNT(*) >= ?",
+                (gpu, regime, min_rows)):
+            t0, t1 = when(first), when(last)
+            if t0 is not None and t1 is not None and t1 > t0:
+                spans.setdefault(kind, []).append((t1 - t0).total_seconds() / (n - 1))
+        return {k: sorted(v)[len(v) // 2] for k, v in spans.items()}
+
     def ledger_records(self, gpus: Iterable[str] | None = None
                        ) -> Iterator[tuple[str, str, str, str, int, str | None]]:
         """(point_key, spec, regime, status, visits, error) of every measured leaf: what a

@@ -166,6 +166,32 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+class _Ended(BaseException):
+    """The service was told to end by a signal (not one job's failure)."""
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from harness.box.runner import JobConfig
+    from harness.box.service import Service
+
+    run_dir = Path(args.run_dir)
+    defaults = JobConfig(slice="own", kind="matmul", budget_s=0, rows_path=run_dir / "none.jsonl",
+                         ledger_path=run_dir / "ledger.json", seed=args.seed,
+                         warmup=args.warmup, iters=args.iters,
+                         compile_workers=args.compile_workers, max_cv=args.max_cv,
+                         remeasure=args.remeasure)
+
+    def ended(signum: int, frame: object) -> None:
+        raise _Ended(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, ended)
+    try:
+        return Service(run_dir, defaults, idle_s=args.idle_s).serve()
+    except _Ended as exc:
+        return 128 + int(exc.args[0])
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from harness.box.bench import serve
 
@@ -226,6 +252,17 @@ def parser() -> argparse.ArgumentParser:
     _noise_args(p)
     _pool_args(p)
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("serve", help="the session's box service: runs the jobs the controller "
+                                      "asks for, its compile pool and bench worker kept warm")
+    p.add_argument("--run-dir", required=True, help="BOX_DIR/rows/<run_id>")
+    p.add_argument("--idle-s", type=float, default=600.0,
+                   help="end when the controller has been silent this long (default 600)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--compile-workers", type=int, default=None)
+    _noise_args(p)
+    p.set_defaults(func=cmd_serve)
     p = sub.add_parser("worker", help="(internal) the bench worker: JSON lines on stdin/stdout")
     p.add_argument("--device", default="cuda")
     p.add_argument("--warmup", type=int, default=5)
@@ -240,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cmd == "plan":
         args.shares = {s: getattr(args, f"share_{s}") for s in SLICES}
-    if args.cmd == "run" and (args.warmup < 5 or args.iters < 20):
+    if args.cmd in ("run", "serve") and (args.warmup < 5 or args.iters < 20):
         print("error: --warmup below 5 or --iters below 20 is under the measurement quality "
               "bar (the interpreter regime uses its own small counts)", file=sys.stderr)
         return 2
