@@ -288,16 +288,18 @@ mv {status}.tmp {status}
 
     # -- the box service and its jobs ---------------------------------------------------------
     def service_path(self, run_id: str, *parts: str) -> str:
-        return self.path("rows", run_id, "service", *parts)
+        return self.path("service", run_id, *parts)
 
     def start_service(self, run_id: str, args: Sequence[str],
                       say: Callable[[str], None] | None = None, timeout_s: float = 900.0) -> None:
         """Start the session's box service in tmux ``emmy-node-sweep`` and wait until it is up
         (its probe, compile pool and bench worker started)."""
         argv = [self.box_python, "-m", "harness.box", "serve", "--run-dir",
-                self.path("rows", run_id), "--idle-s", f"{self.service_idle_s:.0f}", *args]
+                self.path("rows", run_id), "--service-dir", self.service_path(run_id),
+                "--idle-s", f"{self.service_idle_s:.0f}", *args]
         ready = self.service_path(run_id, "ready.json")
-        self.transport.run(["mkdir", "-p", "-m", "700", self.service_path(run_id)])
+        self.transport.run(["mkdir", "-p", "-m", "700", self.path("service"),
+                            self.service_path(run_id)])
         self.transport.run(["rm", "-f", ready], check=False)
         self._while_unreachable("starting the box service", lambda: self.tmux.start(
             SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
@@ -361,15 +363,17 @@ mv {status}.tmp {status}
             job.write_text(json.dumps(fields))
             self._while_unreachable("starting the job", lambda: self.transport.put_file(
                 job, req), on_line)
-        mine = (f"{slice_} {kind}", name)
-        filtered = (lambda line: on_line(line) if any(m in line for m in mine) else None) \
-            if on_line else None
+        marks = (f"{slice_} {kind}", name)
+
+        def mine(line: str) -> bool:
+            return any(m in line for m in marks)
+
         try:
             state = self._wait(SWEEP_SESSION, self.path("sweep.log"), done, timeout_s,
-                               on_line=filtered)
+                               on_line=on_line, mine=mine)
             if state.status is None and state.alive:  # the job's time ran out: ask it to stop
                 outcome.state = "stopped"
-                state = self._stop_job(stop_file, done, filtered)
+                state = self._stop_job(stop_file, done, on_line, mine)
         except Interrupted as exc:
             if exc.second:
                 raise
@@ -377,10 +381,11 @@ mv {status}.tmp {status}
             if on_line:
                 on_line(f"{exc.signame}: stopping the job and bringing its rows home (again to "
                         "leave at once: its rows stay on the box and the next run merges them)")
-            state = self._stop_job(stop_file, done, filtered)
+            state = self._stop_job(stop_file, done, on_line, mine)
         if state.status is None:
             if not state.alive and outcome.state == "done":
-                outcome.state = "died"
+                code = self.transport.run(["cat", self.path("sweep.status")], check=False)
+                outcome.state = "failed" if code.stdout.strip() not in ("", "0") else "died"
             self.service_run = None  # started again for the next job
         else:
             try:
@@ -421,12 +426,13 @@ mv {status}.tmp {status}
             outcome.summary["stop"] = f"its {timeout_s:.0f}s limit reached; harvested"
         return outcome
 
-    def _stop_job(self, stop_file: str, done: str,
-                  on_line: Callable[[str], None] | None) -> JobState:
+    def _stop_job(self, stop_file: str, done: str, on_line: Callable[[str], None] | None,
+                  mine: Callable[[str], bool]) -> JobState:
         """Ask the running job to stop at its next point; end the service if it does not."""
         self._while_unreachable("stopping the job", lambda: self.transport.run(
             ["touch", stop_file], timeout=60), on_line)
-        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), done, STOP_WAIT_S, on_line)
+        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), done, STOP_WAIT_S, on_line,
+                           mine)
         if state.status is None:
             self._while_unreachable("stopping the job", self.stop, on_line)
             self.service_run = None
@@ -460,7 +466,8 @@ mv {status}.tmp {status}
         return "; ".join(parts)
 
     def _wait(self, session: str, log: str, status: str, timeout_s: float,
-              on_line: Callable[[str], None] | None) -> JobState:
+              on_line: Callable[[str], None] | None,
+              mine: Callable[[str], bool] = lambda line: True) -> JobState:
         """Poll until the session writes its status, dies twice in a row, or time runs out.
 
         Each poll hands the log's newest line to ``on_line`` (the box's ``[batch N]`` progress);
@@ -482,7 +489,8 @@ mv {status}.tmp {status}
                     on_line(f"box {self.transport.name} answers again after "
                             f"{self.clock() - down_since:.0f}s")
                 down_since = None
-            if on_line and state.last_line and state.last_line != last_seen:
+            if on_line and state.last_line and state.last_line != last_seen \
+                    and mine(state.last_line):  # never another job's line
                 last_seen = state.last_line
                 on_line(state.last_line)
             if state.status is not None:

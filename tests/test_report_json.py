@@ -105,7 +105,7 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     assert (own["card"], own["regime"], own["kind"]) == ("Triton CPU interpreter", "interpret", "softmax")
     assert own["benched"] > 0 and own["benched"] == own["ok"] + own["failed"] == sum(own["statuses"].values())
     assert own["points_done"] == own["points_total"] > 0
-    assert 0 < own["elapsed_s"] and own["allotment_s"] >= 10
+    assert 0 < own["elapsed_s"] and own["allotment_s"] >= 3  # what its 3 points can use
     assert (cross["outcome"], cross["reason"]) == ("skipped", "--share-cross=0: the cross slice is skipped")
     assert (cross["benched"], cross["rows_file"], cross["allotment_s"]) == (0, None, None)
     summary = _summary_jobs(r.stdout)

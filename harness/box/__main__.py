@@ -187,7 +187,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, ended)
     try:
-        return Service(run_dir, defaults, idle_s=args.idle_s).serve()
+        return Service(run_dir, defaults, idle_s=args.idle_s,
+                       service_dir=Path(args.service_dir) if args.service_dir else None).serve()
     except _Ended as exc:
         return 128 + int(exc.args[0])
 
@@ -255,6 +256,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="the session's box service: runs the jobs the controller "
                                       "asks for, its compile pool and bench worker kept warm")
     p.add_argument("--run-dir", required=True, help="BOX_DIR/rows/<run_id>")
+    p.add_argument("--service-dir", default=None,
+                   help="where requests and answers are exchanged (default RUN_DIR/service)")
     p.add_argument("--idle-s", type=float, default=600.0,
                    help="end when the controller has been silent this long (default 600)")
     p.add_argument("--seed", type=int, default=0)

@@ -1,9 +1,10 @@
 """The box service: one process per session that runs the session's jobs, its tools kept warm.
 
 Started once after setup in the tmux session ``emmy-node-sweep`` (``python -m harness.box serve
---run-dir BOX/rows/<run_id> …``), it probes the box and starts the compile pool and the bench
-worker once, then takes the controller's requests, one job at a time, through files in
-``<run-dir>/service/``:
+--run-dir BOX/rows/<run_id> --service-dir BOX/service/<run_id> …``), it probes the box and
+starts the compile pool and the bench worker once, then takes the controller's requests, one
+job at a time, through files in the service folder (kept apart from the rows, so a full rows
+disk cannot stop the service from saying a job failed):
 
 - ``job-NNNN.json``: a job (slice, kind, allotment, rows file, summary file), written by the
   controller; the service runs it (:func:`harness.box.runner.run_job` with its tools) and writes
@@ -42,8 +43,10 @@ def _write_json(path: Path, data: Any) -> None:
 
 class Service:
     def __init__(self, run_dir: Path, defaults: JobConfig, idle_s: float = 600.0,
-                 log: Any = sys.stdout, poll_s: float = 0.2) -> None:
-        self.dir = run_dir / "service"
+                 log: Any = sys.stdout, poll_s: float = 0.2,
+                 service_dir: Path | None = None) -> None:
+        self.run_dir = run_dir
+        self.dir = service_dir or run_dir / "service"
         self.defaults = defaults
         self.idle_s = idle_s
         self.log = log
@@ -65,7 +68,7 @@ class Service:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "alive").touch()
         t = time.monotonic()
-        tools = Tools.start(self.defaults, self.dir.parent / "worker.log")
+        tools = Tools.start(self.defaults, self.run_dir / "worker.log")
         try:
             _write_json(self.dir / "ready.json", {
                 "pid": os.getpid(), "card": tools.card.name, "regime": tools.regime,
