@@ -74,9 +74,6 @@ SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
 BACKUP_GLOB = "autotune-*.db"
 CHUNK = 500  # rows looked up and written together: memory stays flat, lookups stay few
-_utcnow = utcnow
-_iso = iso
-_when = when
 
 # (name, SQL type, NOT NULL, default SQL literal or None); order is the table's column order.
 NODE_COLUMNS: tuple[tuple[str, str, bool, str | None], ...] = (
@@ -243,7 +240,7 @@ def upsert_decision(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> st
     if old_ok != new_ok:
         return "replace" if new_ok else "keep"
     if old.get("is_leaf"):
-        old_t, new_t = _when(old.get("measured_at")), _when(new.get("measured_at"))
+        old_t, new_t = when(old.get("measured_at")), when(new.get("measured_at"))
         newer = new_t is not None and (old_t is None or new_t > old_t)
         return "replace" if newer and not _unambiguously_worse(new, old) else "keep"
     # Branch or unknown rows aggregate several leaves: keep the minimum.
@@ -380,7 +377,7 @@ class NodeStore:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, clock: Callable[[], datetime] = _utcnow
+        self, path: str | os.PathLike[str], *, clock: Callable[[], datetime] = utcnow
     ) -> None:
         self.path = Path(path).expanduser()
         self._clock = clock
