@@ -237,8 +237,10 @@ class Collection:
         rates = self._rates(card.name, probe["regime"], {j.kind for _, j in mine})
         plan = BudgetPlan(self.option("budget_s"), self.shares, counts, order=[j for _, j in mine],
                           s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S)
-        progress(f"box {transport.name}: starting the box service (tmux session emmy-node-sweep)")
-        driver.start_service(self.run_id, self._service_args(), progress)
+        if plan.order:  # (a run with nothing to measure needs no service)
+            progress(f"box {transport.name}: starting the box service (tmux session "
+                     "emmy-node-sweep)")
+            driver.start_service(self.run_id, self._service_args(), progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, pool=pool, plan=plan,
                          setup_s=time.monotonic() - t0, leftovers=leftovers)
         state.leftovers["ledger_done"] = _done(ledger)
