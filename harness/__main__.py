@@ -60,11 +60,6 @@ def _add_merge(subparsers: Any) -> None:
     p.set_defaults(func=_cmd_merge)
 
 
-def rows_source(path: Path) -> str | None:
-    """How ``merged_file`` names a rows file of a run (``<run_id>/<name>``), None otherwise."""
-    return f"{path.parent.name}/{path.name}" if path.parent.name.startswith("bench-") else None
-
-
 def default_rejected_path() -> Path:
     import os
     import time
@@ -74,6 +69,7 @@ def default_rejected_path() -> Path:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
+    from harness.intake import source_of
     from harness.rows import RejectedRows
     from harness.store import RowsFile
 
@@ -86,7 +82,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         raise CommandError(f"--rejected {args.rejected}: is a directory; give a file", EXIT_USAGE)
     db_path = args.db if args.db is not None else default_db_path()
     rejected = RejectedRows(args.rejected or default_rejected_path())
-    files = [RowsFile(p, rows_source(p.resolve())) for p in args.rows_files]
+    files = [RowsFile(p, source_of(p.resolve())) for p in args.rows_files]
     with NodeStore(db_path) as store:
         try:
             receipt = store.merge_files(files, rejected)

@@ -36,7 +36,14 @@ from harness.remote.tmux import Tmux
 from harness.remote.transport import LocalTransport
 from harness.rows import RejectedRows
 from harness.slices import SLICES
-from harness.store import MergeReceipt, NodeStore, RowsFile, receipt_dict
+from harness.store import (
+    MergeReceipt,
+    NodeStore,
+    RowsFile,
+    read_db_id,
+    read_ledger_records,
+    receipt_dict,
+)
 
 JobKey = tuple[str, Job]  # (--gpu token, job)
 # The box service is up before the first job, so a job's own start is its pool build and a
@@ -170,7 +177,7 @@ class Collection:
         from harness.store import StoreError
 
         if not self.merging:
-            return _read_db_id(self.db_path)
+            return read_db_id(self.db_path)
         try:
             with NodeStore(self.db_path) as store:
                 return store.db_id
@@ -225,7 +232,7 @@ class Collection:
                               db_path=str(self.db_path), merge=self.merging, gpu=gpu)
         try:
             write_owner(self.rows_dir / self.run_id / "owner.json", record)
-            ledger = self._ledger()
+            self._save_ledger()
         except OSError as exc:
             raise BoxError(f"cannot write {exc.filename or 'the state files'}: "
                            f"{exc.strerror or exc} (--rows-dir, --ledger); free space or choose "
@@ -243,7 +250,6 @@ class Collection:
             driver.start_service(self.run_id, self._service_args(), progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, pool=pool, plan=plan,
                          setup_s=time.monotonic() - t0, leftovers=leftovers)
-        state.leftovers["ledger_done"] = _done(ledger)
         self.boxes[gpu] = state
         return state
 
@@ -268,18 +274,18 @@ class Collection:
         return {"batch": o.batch, "seed": o.seed, "point_timeout_s": o.point_timeout_s,
                 "max_dist": o.max_dist, "tail_cap": o.tail_cap, "filter": o.filter}
 
-    def _ledger(self) -> Ledger:
-        """The ledger of the node table, saved at ``--ledger``: a point is done there only
-        because its row is in the table (nothing a box reports counts before it is merged)."""
+    def _save_ledger(self) -> None:
+        """Save the node table's ledger at ``--ledger`` (pushed to the box for this run): a
+        point is done there only because its row is in the table (nothing a box reports counts
+        before it is merged)."""
         bound = {"id": self.db_id or "", "path": str(self.db_path)}
         if self.merging:
             with NodeStore(self.db_path) as store:
                 ledger = Ledger.from_records(store.ledger_records(), bound)
         else:
-            ledger = Ledger.from_records(_read_ledger_records(self.db_path), bound)
+            ledger = Ledger.from_records(read_ledger_records(self.db_path), bound)
         with self.interrupts.shielded():
             ledger.save(self.ledger_path)
-        return ledger
 
     def _take_in_leftovers(self, driver: BoxDriver, progress: Callable[[str], None]
                            ) -> dict[str, Any]:
@@ -636,45 +642,3 @@ class Collection:
         if r.top_ups:
             rep["top_ups"] = r.top_ups
         return rep
-
-
-def _done(ledger: Ledger) -> int:
-    return sum(1 for k in ledger for regime in ("deployable", "interpret")
-               if ledger.status(k, regime) in ("ok", "bench_fail"))
-
-
-def _read_only(path: Path) -> sqlite3.Connection | None:
-    if not path.is_file():
-        return None
-    try:
-        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return None
-
-
-def _read_db_id(path: Path) -> str | None:
-    conn = _read_only(path)
-    if conn is None:
-        return None
-    try:
-        found = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
-        return str(found[0]) if found else None
-    except sqlite3.Error:
-        return None
-    finally:
-        conn.close()
-
-
-def _read_ledger_records(path: Path) -> list[tuple[Any, ...]]:
-    conn = _read_only(path)
-    if conn is None:
-        return []
-    try:
-        return conn.execute(
-            "SELECT point_key, spec, regime, status, visits, error FROM node WHERE point_key IS "
-            "NOT NULL AND spec IS NOT NULL AND regime IS NOT NULL AND COALESCE(is_leaf, 1) = 1"
-        ).fetchall()
-    except sqlite3.Error:
-        return []
-    finally:
-        conn.close()

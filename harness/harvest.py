@@ -201,7 +201,7 @@ class Harvest:
 
     def _merge_now(self, files: list[Path], by_hand: str) -> None:
         """Merge rows files that no job merged (its merge failed, or its worker died)."""
-        from harness.intake import source
+        from harness.intake import source_of
         from harness.rows import RejectedRows
         from harness.store import NodeStore, RowsFile, receipt_dict
 
@@ -211,8 +211,7 @@ class Harvest:
             shield = self.interrupts.shielded() if self.interrupts else _nothing()
             with shield, NodeStore(self.db_path) as store:
                 receipt = store.merge_files(
-                    [RowsFile(f, source(f.parent.name, f.name) if f.parent.name.startswith("bench-")
-                              else None) for f in files],
+                    [RowsFile(f, source_of(f)) for f in files],
                     RejectedRows(rejected_dir / f"session-end-{os.getpid()}.jsonl"))
             self._count(receipt_dict(receipt))
             m["state"] = "merged"
@@ -312,9 +311,9 @@ class Harvest:
                                      f"{lease.release_command}")
 
     def _db_id(self) -> str | None:
-        from harness.collection import _read_db_id
+        from harness.store import read_db_id
 
-        return _read_db_id(self.db_path)
+        return read_db_id(self.db_path)
 
     def _harvest_lease(self, lease: Any) -> str:
         """Fetch and merge what a gone run left on the server it rented."""

@@ -67,6 +67,12 @@ def source(run_id: str, name: str) -> str:
     return f"{run_id}/{name}"
 
 
+def source_of(path: Path) -> str | None:
+    """How ``merged_file`` names a rows file found in a run's folder (None elsewhere: merged,
+    not recorded)."""
+    return source(path.parent.name, path.name) if path.parent.name.startswith("bench-") else None
+
+
 def list_box_runs(transport: Transport, rows_root: str) -> dict[str, RunFolder]:
     """Every run folder under ``rows_root`` on the box, in one short call."""
     r = transport.run(["sh", "-c", _LIST, "sh", rows_root], check=False, timeout=300)

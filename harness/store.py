@@ -294,6 +294,51 @@ def _unreadable_version(path: Path, value: Any) -> str:
     )
 
 
+_LEDGER_SQL = (
+    "SELECT point_key, spec, regime, status, visits, error FROM node "
+    "WHERE point_key IS NOT NULL AND spec IS NOT NULL AND regime IS NOT NULL "
+    "AND COALESCE(is_leaf, 1) = 1"
+)
+
+
+def _read_only(path: Path) -> sqlite3.Connection | None:
+    if not path.is_file():
+        return None
+    try:
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+
+
+def read_db_id(path: str | os.PathLike[str]) -> str | None:
+    """The id of the node table at ``path``, read without writing anything (None: no DB yet,
+    or one never opened by this version)."""
+    conn = _read_only(Path(path))
+    if conn is None:
+        return None
+    try:
+        found = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+        return str(found[0]) if found else None
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+
+
+def read_ledger_records(path: str | os.PathLike[str]) -> list[tuple[Any, ...]]:
+    """:meth:`NodeStore.ledger_records` of the DB at ``path``, read without writing anything
+    (for ``--no-merge``, which must leave the node table as it is)."""
+    conn = _read_only(Path(path))
+    if conn is None:
+        return []
+    try:
+        return conn.execute(_LEDGER_SQL).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
 def check_db(path: str | os.PathLike[str]) -> None:
     """Preflight of a run: raise :class:`StoreError` now if merging into ``path`` would fail later.
 
@@ -714,9 +759,7 @@ class NodeStore:
                        ) -> Iterator[tuple[str, str, str, str, int, str | None]]:
         """(point_key, spec, regime, status, visits, error) of every measured leaf: what a
         ledger bound to this DB may call done (or tried)."""
-        sql = ("SELECT point_key, spec, regime, status, visits, error FROM node "
-               "WHERE point_key IS NOT NULL AND spec IS NOT NULL AND regime IS NOT NULL "
-               "AND COALESCE(is_leaf, 1) = 1")
+        sql = _LEDGER_SQL
         args: list[str] = []
         if gpus is not None:
             gpus = list(gpus)
