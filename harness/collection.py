@@ -16,7 +16,7 @@ import sqlite3
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_a
 from harness.intake import owner_record, source, take_in_leftovers, write_owner
 from harness.interrupts import Interrupted, Interrupts
 from harness.ledger import Ledger
+from harness.options import RunOptions
 from harness.owner import Owner
 from harness.planner import BudgetPlan, Job
 from harness.remote.boxdir import BoxDirError, BoxLock
@@ -114,33 +115,27 @@ class BoxState:
 
 
 class Collection:
-    def __init__(self, config: pytest.Config, checked: dict[str, Any], order: list[JobKey], *,
+    def __init__(self, opts: RunOptions, order: list[JobKey], *,
                  interrupts: Interrupts | None = None, session: str = "",
                  harvest: Any = None) -> None:
-        from harness.plugin import default_state_dir
-
-        o = config.option
-        self.config = config
+        self.opts = opts
         self.order = order
-        self.checked = checked
-        self.shares: dict[str, float] = checked["shares"]
-        self.state_dir = default_state_dir()
-        self.ledger_path = Path(o.ledger).expanduser() if o.ledger else self.state_dir / "ledger.json"
-        self.rows_dir = Path(o.rows_dir).expanduser() if o.rows_dir else self.state_dir / "rows"
-        from harness.store import default_db_path
-
-        self.db_path: Path = checked["db"] or default_db_path()
+        self.shares: Mapping[str, float] = opts.shares
+        self.state_dir = opts.state_dir
+        self.ledger_path = opts.ledger_path
+        self.rows_dir = opts.rows_dir
+        self.db_path: Path = opts.db_path
         self.run_id = new_run_id()
         self.results: dict[JobKey, JobResult] = {k: JobResult(k) for k in order}
         self.boxes: dict[str, BoxState] = {}
         self.drivers: dict[str, BoxDriver] = {}
         self.leases: dict[str, Any] = {}
-        self.leases_dir = self.state_dir / "leases"
+        self.leases_dir = opts.leases_dir
         self.box_errors: dict[str, str] = {}
         self.interrupts = interrupts or Interrupts()
         self.owner = Owner.here(session)
         self.harvest = harvest
-        self.merging = not self.option("no_merge")
+        self.merging = opts.merging
         self.rejected_path = self.rows_dir / "rejected" / f"{self.run_id}.jsonl"
         self._check_writable()
         self.db_id = self._open_db()
@@ -185,9 +180,6 @@ class Collection:
             raise pytest.UsageError(f"--db: {exc}; nothing was started") from None
 
     # -- boxes -------------------------------------------------------------------------------
-    def option(self, name: str) -> Any:
-        return getattr(self.config.option, name)
-
     def open_box(self, gpu: str, progress: Callable[[str], None]) -> BoxState:
         """Prepare the box for ``gpu`` (this machine for local): lock, harvest what earlier
         runs left, push, set up, probe, plan."""
@@ -238,16 +230,16 @@ class Collection:
                            f"{exc.strerror or exc} (--rows-dir, --ledger); free space or choose "
                            "another folder; nothing was measured") from None
         driver.start_run(self.run_id, record, self.ledger_path)
-        pool = driver.plan(pool_args(self._opts()), driver.run_ledger(self.run_id))
+        pool = driver.plan(pool_args(self.opts.pool_fields()), driver.run_ledger(self.run_id))
         mine = [k for k in self.order if k[0] == gpu]
         counts = {j: sum(pool["remaining"][j.slice].get(j.kind, {}).values()) for _, j in mine}
         rates = self._rates(card.name, probe["regime"], {j.kind for _, j in mine})
-        plan = BudgetPlan(self.option("budget_s"), self.shares, counts, order=[j for _, j in mine],
+        plan = BudgetPlan(self.opts.budget_s, self.shares, counts, order=[j for _, j in mine],
                           s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S)
         if plan.order:  # (a run with nothing to measure needs no service)
             progress(f"box {transport.name}: starting the box service (tmux session "
                      "emmy-node-sweep)")
-            driver.start_service(self.run_id, self._service_args(), progress)
+            driver.start_service(self.run_id, self.opts.service_args(), progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, pool=pool, plan=plan,
                          setup_s=time.monotonic() - t0, leftovers=leftovers)
         self.boxes[gpu] = state
@@ -261,18 +253,6 @@ class Collection:
             with NodeStore(self.db_path) as store:
                 rates.update({k: v for k, v in store.paces(card, regime).items() if k in kinds})
         return rates
-
-    def _service_args(self) -> list[str]:
-        o = self.config.option
-        args = ["--seed", str(o.seed), "--max-cv", str(o.max_cv), "--remeasure", str(o.remeasure)]
-        if o.compile_workers is not None:
-            args += ["--compile-workers", str(o.compile_workers)]
-        return args
-
-    def _job_fields(self) -> dict[str, Any]:
-        o = self.config.option
-        return {"batch": o.batch, "seed": o.seed, "point_timeout_s": o.point_timeout_s,
-                "max_dist": o.max_dist, "tail_cap": o.tail_cap, "filter": o.filter}
 
     def _save_ledger(self) -> None:
         """Save the node table's ledger at ``--ledger`` (pushed to the box for this run): a
@@ -314,7 +294,7 @@ class Collection:
         from harness.remote.providers import make_provider
         from harness.remote.ssh import parse_remote
 
-        o = self.config.option
+        o = self.opts
         provider = make_provider(o.provider, o.up_cmd, o.down_cmd, o.sky_cloud)
         card = cards.by_alias(gpu)
         progress(f"renting a {card.name} through {provider.name}")
@@ -335,14 +315,14 @@ class Collection:
         lease = self.leases.pop(gpu, None)
         if lease is None:
             return
-        if self.option("keep_server") or self.interrupts.leaving:
-            why = ("--keep-server" if self.option("keep_server") else
+        if self.opts.keep_server or self.interrupts.leaving:
+            why = ("--keep-server" if self.opts.keep_server else
                    "left at once; it may hold rows not merged yet, which a run with this "
                    f"node table merges from --remote={lease.target}")
             msg = f"server kept ({why}): {lease.target}; release it with: {lease.release_command}"
             progress(msg)
             warnings.warn(CollectWarning(msg), stacklevel=1)
-            if lease.path and self.option("keep_server"):
+            if lease.path and self.opts.keep_server:
                 Path(lease.path).unlink(missing_ok=True)
             return
         progress(f"releasing {lease.target}")
@@ -350,25 +330,25 @@ class Collection:
 
     def _driver(self, gpu: str, progress: Callable[[str], None]) -> BoxDriver:
         """A driver for the box: this machine, the ``--remote`` server, or a rented one."""
-        target = self.checked.get("remote")
+        target = self.opts.remote_target
         rented: Any = None
-        if self.option("provider"):
+        if self.opts.provider:
             target, rented = self._rent(gpu, progress)
         if target is None:
             transport: Any = LocalTransport()
-            python, poll_s = self.option("box_python") or sys.executable, 1.0
+            python, poll_s = self.opts.box_python or sys.executable, 1.0
         else:
             from harness.remote.ssh import SSHTransport
 
-            key = self.option("ssh_key") or (rented.ssh_key if rented else None)
-            known = self.option("known_hosts")
+            key = self.opts.ssh_key or (rented.ssh_key if rented else None)
+            known = self.opts.known_hosts
             # a server this run rented is new: its first host key is saved (a changed one is
             # still refused); an existing server's key must already be known
             transport = SSHTransport(target, key_filename=Path(key).expanduser() if key else None,
                                      known_hosts=Path(known).expanduser() if known else None,
-                                     accept_new_host_key=self.option("accept_new_host_key")
+                                     accept_new_host_key=self.opts.accept_new_host_key
                                      or rented is not None)
-            where = f"rented server {rented.target}" if rented else f"--remote={self.option('remote')}"
+            where = f"rented server {rented.target}" if rented else f"--remote={self.opts.remote}"
             deadline = time.monotonic() + (600 if rented else 0)
             while True:
                 try:
@@ -378,13 +358,13 @@ class Collection:
                     if time.monotonic() >= deadline:  # a fresh rental may still be booting
                         raise BoxError(f"cannot reach {where}: {exc}") from None
                     time.sleep(10)
-            python, poll_s = self.option("box_python") or "python3", 60.0
+            python, poll_s = self.opts.box_python or "python3", 60.0
         extra = rented.extra if rented else {}
-        socket = self.option("tmux_socket") or extra.get("tmux_socket")
+        socket = self.opts.tmux_socket or extra.get("tmux_socket")
         driver = BoxDriver(transport=transport, tmux=Tmux(transport, socket),
-                           base=self.option("box_dir") or extra.get("box_dir") or DEFAULT_BASE,
-                           python=python, install=self.option("box_install"),
-                           poll_s=self.option("poll_s") or poll_s)
+                           base=self.opts.box_dir or extra.get("box_dir") or DEFAULT_BASE,
+                           python=python, install=self.opts.box_install,
+                           poll_s=self.opts.poll_s or poll_s)
         self.drivers[gpu] = driver
         return driver
 
@@ -437,10 +417,6 @@ class Collection:
         finally:
             self.release(gpu, progress)
 
-    def _opts(self) -> dict[str, Any]:
-        o = self.config.option
-        return {"max_dist": o.max_dist, "tail_cap": o.tail_cap, "filter": o.filter}
-
     # -- jobs --------------------------------------------------------------------------------
     def run_job(self, key: JobKey, box: BoxState, progress: Callable[[str], None],
                 nodeid: str = "") -> JobResult:
@@ -461,7 +437,7 @@ class Collection:
             if box.plan.next_job is None:
                 res.top_ups = self._top_ups(box, progress, nodeid)
             return res
-        o = self.config.option
+        o = self.opts
         bound = min(o.point_timeout_s, 20.0) + 60  # the job cuts a point at the budget's end
         timeout = allot + bound
         by_option = False
@@ -509,9 +485,9 @@ class Collection:
         gpu, job = key
         try:
             outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
-                                         run_id=self.run_id, job_fields=self._job_fields(),
+                                         run_id=self.run_id, job_fields=self.opts.job_fields(),
                                          timeout_s=timeout, rows_dir=self.rows_dir,
-                                         service_args=self._service_args(), on_line=say)
+                                         service_args=self.opts.service_args(), on_line=say)
         except Interrupted as exc:  # the second signal: leave at once, still say where things are
             where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
             res.outcome = res.outcome or JobOutcome(state="interrupted", remote_rows=where, summary={
@@ -563,7 +539,7 @@ class Collection:
                  nodeid: str) -> list[dict[str, Any]]:
         """Every planned job has run: what is left of the budget goes to the jobs that still
         have points (earlier jobs could not know what later ones would leave unused)."""
-        o = self.config.option
+        o = self.opts
         done: list[dict[str, Any]] = []
         extra = box.plan.top_ups(self._points_left(box))
         for job in [j for j in box.plan.order if j in extra]:
@@ -598,7 +574,7 @@ class Collection:
     def _nothing_left(self, job: Job, box: BoxState) -> str:
         """Why a job has no points, true on a re-run too."""
         total = sum(box.pool["total"].get(job.slice, {}).get(job.kind, {}).values())
-        flt = self.option("filter")
+        flt = self.opts.filter
         if flt and not any(box.pool["total"].get(s, {}).get(job.kind) for s in SLICES):
             return f"--filter={flt!r} keeps no {job.kind} shape"
         if total:

@@ -17,11 +17,12 @@ import pytest
 
 from harness import cards
 from harness import kinds as registry
+from harness.options import RunOptions, default_state_dir
 from harness.planner import Job, ShareError, normalize_shares
 from harness.slices import SLICES
 
 COLLECTION_KEY = pytest.StashKey["Collection"]()
-CHECKED_KEY = pytest.StashKey[dict]()
+CHECKED_KEY = pytest.StashKey[RunOptions]()
 HARVEST_KEY = pytest.StashKey["Harvest"]()
 INTERRUPTS_KEY = pytest.StashKey["Interrupts"]()
 SESSION_KEY = pytest.StashKey[str]()
@@ -105,7 +106,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "merge failed)")
 
 
-def _validate(config: pytest.Config) -> dict[str, Any]:
+def _validate(config: pytest.Config) -> RunOptions:
     o = config.option
     try:
         gpus = cards.parse_gpu_option(o.gpu)
@@ -196,7 +197,8 @@ def _validate(config: pytest.Config) -> dict[str, Any]:
         raise pytest.UsageError(f"--known-hosts {o.known_hosts}: its folder does not exist; give "
                                 "a file in an existing folder (default ~/.ssh/known_hosts)")
     report_json = _check_report_json(o, db)
-    return {"gpus": gpus, "shares": shares, "db": db, "remote": remote, "report_json": report_json}
+    return RunOptions.from_config(o, gpus=gpus, shares=shares, db=db, report_json=report_json,
+                                  remote=remote)
 
 
 def _check_report_json(o: Any, db: Path | None) -> Path | None:
@@ -231,8 +233,8 @@ def _check_report_json(o: Any, db: Path | None) -> Path | None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sweep: one collection job (card × slice × kind)")
     # Every option is checked up front: a bad value stops the run before anything is touched.
-    checked = config.stash[CHECKED_KEY] = _validate(config)
-    if len(checked["gpus"]) > 1 and getattr(config.option, "dist", "no") in ("load", "no") \
+    opts = config.stash[CHECKED_KEY] = _validate(config)
+    if len(opts.gpus) > 1 and getattr(config.option, "dist", "no") in ("load", "no") \
             and getattr(config.option, "numprocesses", None):
         config.option.dist = "loadgroup"  # one xdist group (one worker, one server) per card
     from harness.interrupts import Interrupts
@@ -246,19 +248,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = secrets.token_hex(6)
     # the process that sees every report
     from harness.harvest import Harvest
-    from harness.store import default_db_path
 
-    db_path = checked["db"] or default_db_path()
-    o = config.option
-    state = default_state_dir()
-    harvest = Harvest(db_path=db_path, no_merge=o.no_merge, budget_s=o.budget_s,
-                      leases_dir=state / "leases", keep_server=o.keep_server,
-                      report_json=checked["report_json"],
-                      options=_report_options(config, checked, db_path),
-                      ledger_path=Path(o.ledger).expanduser() if o.ledger else state / "ledger.json",
-                      rows_dir=Path(o.rows_dir).expanduser() if o.rows_dir else state / "rows",
+    harvest = Harvest(db_path=opts.db_path, no_merge=opts.no_merge, budget_s=opts.budget_s,
+                      leases_dir=opts.leases_dir, keep_server=opts.keep_server,
+                      report_json=opts.report_json, options=opts.report(),
+                      ledger_path=opts.ledger_path, rows_dir=opts.rows_dir,
                       session=config.stash[SESSION_KEY], interrupts=interrupts,
-                      known_hosts=Path(o.known_hosts).expanduser() if o.known_hosts else None)
+                      known_hosts=opts.known_hosts)
     config.stash[HARVEST_KEY] = harvest
     config.pluginmanager.register(harvest, "emmy-harvest")
 
@@ -278,9 +274,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if JOB_FIXTURE not in metafunc.fixturenames:
         return
-    checked = metafunc.config.stash[CHECKED_KEY]
+    opts = metafunc.config.stash[CHECKED_KEY]
     params = []
-    for gpu in checked["gpus"]:
+    for gpu in opts.gpus:
         for s in SLICES:
             for k in registry.names():
                 params.append(pytest.param((gpu, Job(s, k)), id=f"{gpu}-{s}-{k}",
@@ -299,7 +295,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     from harness.collection import Collection, estimate_order
 
-    checked = config.stash[CHECKED_KEY]
+    opts = config.stash[CHECKED_KEY]
     selected = [it.callspec.params[JOB_FIXTURE] for it in jobs]
     order = estimate_order(selected)
     rank = {key: i for i, key in enumerate(order)}
@@ -307,25 +303,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     jobs.sort(key=lambda it: rank[it.callspec.params[JOB_FIXTURE]])
     items[:] = jobs + others
     config.stash[COLLECTION_KEY] = Collection(
-        config, checked, order, interrupts=config.stash[INTERRUPTS_KEY],
+        opts, order, interrupts=config.stash[INTERRUPTS_KEY],
         session=config.stash[SESSION_KEY], harvest=config.stash.get(HARVEST_KEY, None))
-
-
-def _report_options(config: pytest.Config, checked: dict[str, Any], db_path: Path) -> dict[str, Any]:
-    """The options of this run that ``--report-json`` records (never a command template: an
-    ``--up-cmd`` may hold a token)."""
-    o = config.option
-    state = default_state_dir()
-    return {"gpu": o.gpu, "gpus": list(checked["gpus"]), "budget_s": o.budget_s,
-            "db": str(db_path),
-            "ledger": str(Path(o.ledger).expanduser() if o.ledger else state / "ledger.json"),
-            "rows_dir": str(Path(o.rows_dir).expanduser() if o.rows_dir else state / "rows"),
-            "shares": dict(checked["shares"]), "max_dist": o.max_dist, "tail_cap": o.tail_cap,
-            "batch": o.batch, "seed": o.seed, "filter": o.filter, "keyword": o.keyword or None,
-            "timeout_s": o.timeout_s, "point_timeout_s": o.point_timeout_s,
-            "compile_workers": o.compile_workers, "max_cv": o.max_cv, "remeasure": o.remeasure,
-            "no_merge": o.no_merge, "remote": o.remote, "provider": o.provider,
-            "numprocesses": getattr(o, "numprocesses", None)}
 
 
 @pytest.hookimpl(trylast=True)
@@ -353,7 +332,3 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             else exitstatus
         for line in harvest.summary_lines(status):
             terminalreporter.write_line(line)
-
-
-def default_state_dir() -> Path:
-    return Path(os.environ.get("EMMY_STATE_DIR", "~/.cache/emmy/node-collect")).expanduser()

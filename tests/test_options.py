@@ -161,3 +161,32 @@ def _base(tmp: Path, tmux_socket: str) -> list[str]:
     return ["collect_tests", "-p", "no:cacheprovider", "-k", "own and softmax", "--budget-s=5",
             "--timeout-s=30", f"--db={tmp / 'db' / 'autotune.db'}", f"--box-dir={tmp / 'box'}",
             f"--tmux-socket={tmux_socket}"]
+
+
+def test_the_run_options_are_one_frozen_value_with_resolved_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every part of a run reads the same checked value: paths resolved once, nothing mutable."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from harness.options import RunOptions
+
+    monkeypatch.setenv("EMMY_STATE_DIR", str(tmp_path / "state"))
+    names = [f.name for f in dataclasses.fields(RunOptions)]
+    raw = SimpleNamespace(**{**dict.fromkeys(names), **dict(
+        gpu="local", budget_s=60.0, max_dist=2, tail_cap=200, batch=6, seed=0, ledger=None,
+        rows_dir="~/rows", no_merge=False, accept_new_host_key=False, keep_server=False,
+        box_install=False, point_timeout_s=300.0, max_cv=0.05, remeasure=2)})
+    opts = RunOptions.from_config(raw, gpus=["local"], shares={"own": 0.5, "cross": 0.2,
+                                                               "tail": 0.3},
+                                  db=None, report_json=None, remote=None)
+    assert opts.ledger_path == tmp_path / "state" / "ledger.json"
+    assert opts.leases_dir == tmp_path / "state" / "leases"
+    assert opts.rows_dir == Path.home() / "rows" and opts.merging
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.budget_s = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        opts.shares["own"] = 1.0  # type: ignore[index]
+    assert opts.job_fields() == {"batch": 6, "seed": 0, "point_timeout_s": 300.0, "max_dist": 2,
+                                 "tail_cap": 200, "filter": None}
+    assert opts.report()["rows_dir"] == str(Path.home() / "rows")

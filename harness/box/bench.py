@@ -42,6 +42,8 @@ class Bencher:
         self.max_cv = max_cv  # a point whose timed calls vary more than this is timed again
         self.remeasure = remeasure  # ... at most this many more times
         self._cycles_us: float | None = None
+        self._calibration: tuple[Any, Any] | None = None  # an event pair not read yet
+        self._calibrated_at = 0.0
         self._flush_us: float | None = None
         self._host_us: list[float] = []
         self.guard_us = 0.0
@@ -193,17 +195,31 @@ class Bencher:
     GUARD_MIN_US = 10.0
     GUARD_SLACK_US = 20.0  # the host's enqueueing of the flush, the guard and the start event
 
+    CALIBRATE_EVERY_S = 1.0  # the SM clock moves slowly: a new reading at most this often
+
     def _cycles_per_us(self) -> float:
-        """SM cycles per µs now (again for each timing, as the clock moves)."""
+        """SM cycles per µs: a known busy-wait between two events.  The pair is read once it
+        has run, without waiting for it (the host never stalls on the GPU for this); a new one
+        is queued at most every ``CALIBRATE_EVERY_S``.  Only the first reading is waited for."""
         import torch
 
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        a.record()
-        torch.cuda._sleep(self.CALIBRATION_CYCLES)
-        b.record()
-        torch.cuda.synchronize()
-        self._cycles_us = self.CALIBRATION_CYCLES / max(a.elapsed_time(b) * 1e3, 1e-3)
+        pending = self._calibration
+        if pending is not None and pending[1].query():
+            a, b = pending
+            self._cycles_us = self.CALIBRATION_CYCLES / max(a.elapsed_time(b) * 1e3, 1e-3)
+            self._calibration = None
+        now = time.perf_counter()
+        if self._calibration is None and (self._cycles_us is None
+                                          or now - self._calibrated_at > self.CALIBRATE_EVERY_S):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1000)
+            a.record()
+            torch.cuda._sleep(self.CALIBRATION_CYCLES)
+            b.record()
+            self._calibration, self._calibrated_at = (a, b), now
+        if self._cycles_us is None:  # the first reading: waited for
+            torch.cuda.synchronize()
+            return self._cycles_per_us()
         return self._cycles_us
 
     def _flush_time_us(self) -> float:
@@ -279,7 +295,8 @@ class Bencher:
         t2 = time.perf_counter()
         self.phase_s["guard_calibration"] += t2 - t1
         ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(self.iters)]
-        torch.cuda.synchronize()
+        # no wait for the warm-up calls to drain: the timed calls queue behind them (a start
+        # event fires only after the flush and the guard before it)
         for e in ev:
             flush.zero_()
             self._busy(guard_c)

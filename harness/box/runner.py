@@ -21,13 +21,13 @@ import select
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from harness import pools
+from harness.box.job import Allotment, Durable, JobStats, Scheduler
 from harness.box.probe import FORCE_INTERPRET_ENV, card_from_probe, probe
 from harness.cards import DEPLOYABLE, INTERPRET
 from harness.ledger import Ledger
@@ -200,8 +200,11 @@ def _tail(path: Path, n: int) -> str:
         return ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobConfig:
+    """One job's options, as the box's command line or the service's request gives them (the
+    worker's warmup and iters are those of :class:`Tools`, which may lower them on the CPU)."""
+
     slice: str
     kind: str
     budget_s: float
@@ -223,9 +226,11 @@ class JobConfig:
     run_id: str = field(default_factory=new_run_id)
 
 
-def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card_feats: dict[str, Any],
-             shape_feats: dict[str, Any], cfg: JobConfig,
+def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any],
+             card_feats: dict[str, Any], shape_feats: dict[str, Any], run_id: str,
+             timing: dict[str, Any],
              gpu: tuple[dict[str, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A point's row; ``timing``: the worker's warmup, iters and max_cv."""
     features = {**card_feats, **shape_feats, **point.knobs, **res.get("compile", {})}
     before, after = gpu or ({}, {})
     return {
@@ -236,10 +241,11 @@ def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any], card
         "variance": res.get("variance"), "n_samples": res.get("n_samples"),
         "error": res.get("error"), "features": features, "cc": info["cc"],
         "compile_s": res.get("compile_s"), "bench_s": res.get("bench_s"),
-        "run_id": cfg.run_id, "measured_at": utc_now(),
+        "run_id": run_id, "measured_at": utc_now(),
         "provenance": {"host": info.get("host"), "device_name": info.get("device_name"),
                        "gpu_uuid": info.get("gpu_uuid"), **info.get("versions", {}),
-                       "warmup": cfg.warmup, "iters": cfg.iters, "max_cv": cfg.max_cv,
+                       "warmup": timing["warmup"], "iters": timing["iters"],
+                       "max_cv": timing["max_cv"],
                        "cv": res.get("cv"), "remeasured": res.get("remeasured"),
                        "compiled_ahead": bool(res.get("compiled_ahead")),
                        "first_launch_s": res.get("first_launch_s"),
@@ -358,235 +364,87 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     ``point_timeout_s`` (compile wait and worker call together) and what is left of the budget
     plus ``BUDGET_GRACE_S``.  A point the worker was running at that bound is a ``timeout`` row
     (an attempt); one still waiting for its compile when the budget ran out has no row and is
-    measured next run.  When its rows file or ledger cannot be
-    written (a full disk), the job stops, keeps the whole rows already written, writes the
-    summary with an ``error`` and exits with status 1.
+    measured next run.  When its rows file or ledger cannot be written (a full disk), the job
+    stops, keeps the whole rows already written, writes the summary with an ``error`` and
+    exits with status 1.
 
     ``tools`` are the box service's (kept warm across jobs; else the job makes and closes its
     own); ``started`` is when the job's time began on ``clock`` (default: now); ``should_stop``
     is asked before every point (the service's stop request).  ``compile_pool`` is a test
-    seam."""
-    from harness import kinds as registry
-    from harness.box.gpustate import GpuState
-
-    t0 = clock() if started is None else started
+    seam.  The parts (scheduler, allotment, durability, statistics) are in
+    :mod:`harness.box.job`."""
+    time_ = Allotment(cfg.budget_s, clock() if started is None else started, clock,
+                      cfg.point_timeout_s, BUDGET_GRACE_S)
     cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
     own_tools = tools is None
     if tools is None:
         tools = Tools.start(cfg, cfg.rows_path.parent / "worker.log", compile_pool)
     try:
-        info, card, regime = tools.info, tools.card, tools.regime
-        warmup, iters = tools.warmup, tools.iters
-        cfg.warmup, cfg.iters, cfg.remeasure = warmup, iters, tools.remeasure
         ledger = Ledger.load(cfg.ledger_path)
-        pool = pools.build(card, kinds=[cfg.kind], filter=cfg.filter, max_dist=cfg.max_dist,
-                           tail_cap=cfg.tail_cap)
-        points = pool.points(cfg.slice, cfg.kind)
+        points = pools.build(tools.card, kinds=[cfg.kind], filter=cfg.filter,
+                             max_dist=cfg.max_dist, tail_cap=cfg.tail_cap
+                             ).points(cfg.slice, cfg.kind)
     except BaseException:
         if own_tools:
             tools.close()
         raise
-    remaining: dict[str, list[pools.Point]] = defaultdict(list)
-    for p in points:
-        if ledger.needs_run(p.key, regime, cfg.max_attempts):
-            remaining[p.shape_id].append(p)
-    total, todo = len(points), sum(len(v) for v in remaining.values())
-    compile_pool = tools.pool
-    n_compile = compile_pool.workers if compile_pool is not None else 0
-    print(f"[sweep] card {card.name} ({regime}); job {cfg.slice}-{cfg.kind}: {todo} of {total} "
-          f"points to measure; budget {cfg.budget_s:.0f}s; "
+    regime = tools.regime
+    pool = tools.pool
+    n_compile = pool.workers if pool is not None else 0
+
+    def needs_run(p: pools.Point) -> bool:
+        return ledger.needs_run(p.key, regime, cfg.max_attempts)
+
+    sched = Scheduler([p for p in points if needs_run(p)], cfg.batch, random.Random(cfg.seed),
+                      pool, -(-2 * n_compile // max(1, cfg.batch)) if pool is not None else 0)
+    print(f"[sweep] card {tools.card.name} ({regime}); job {cfg.slice}-{cfg.kind}: "
+          f"{sched.left} of {len(points)} points to measure; budget {cfg.budget_s:.0f}s; "
           f"{n_compile or 'no'} compile-ahead processes; run {cfg.run_id}", file=log, flush=True)
-    kind = registry.get(cfg.kind)
-    card_feats = card.features()
-    rng = random.Random(cfg.seed)
-    worker = tools.worker
-    restarts_before = worker.restarts
-    if todo:  # its start-up (torch, CUDA) overlaps the pool's first compiles
-        worker.start()
-    gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None
-    counts: Counter[str] = Counter()
-    times: Counter[str] = Counter()
-    phases: Counter[str] = Counter()  # the worker's own account of its time, by phase
-    ready: list[float] = []  # seconds each bench worker took to start (one per restart)
-    batch_i = 0
-    stop = "pool exhausted"
-    error: str | None = None
-    planned: deque[tuple[str, list[pools.Point]]] = deque()
-    in_flight: set[str] = set()
-    lookahead = -(-2 * n_compile // max(1, cfg.batch)) if compile_pool is not None else 0
-
-    def draw() -> bool:
-        """Plan the next batch: a shape drawn in proportion to its points not yet planned."""
-        avail = {sid: [p for p in pts if p.key not in in_flight] for sid, pts in remaining.items()}
-        avail = {sid: pts for sid, pts in avail.items() if pts}
-        if not avail:
-            return False
-        shape_ids = sorted(avail)
-        sid = rng.choices(shape_ids, weights=[len(avail[s]) for s in shape_ids])[0]
-        batch = rng.sample(avail[sid], min(cfg.batch, len(avail[sid])))
-        in_flight.update(p.key for p in batch)
-        if compile_pool is not None:
-            for p in batch:
-                compile_pool.submit(p.key, p.kind, p.shape, p.knobs)
-        planned.append((sid, batch))
-        return True
-
-    def left_s() -> float:
-        return cfg.budget_s - (clock() - t0) if cfg.budget_s else float("inf")
-
-    rows_file = RowsWriter(cfg.rows_path)
-
-    def save() -> float:
-        """Sync the rows, then save the ledger; returns when the next save is due (the ledger
-        of a long run is large: its saves are spaced to stay a few percent of the time)."""
-        t = clock()
-        rows_file.sync()
-        _save_ledger(ledger, cfg.ledger_path)
-        took = clock() - t
-        times["ledger_saves"] += took
-        return clock() + max(LEDGER_SAVE_S, 20 * took)
-
-    next_save = clock() + LEDGER_SAVE_S
+    restarts_before = tools.worker.restarts
+    if sched.left:  # its start-up (torch, CUDA) overlaps the pool's first compiles
+        tools.worker.start()
+    stats = JobStats()
+    store = Durable(RowsWriter(cfg.rows_path), ledger, cfg.ledger_path, clock, _save_ledger,
+                    LEDGER_SAVE_S)
+    stop, error = "pool exhausted", None
     try:
-        while True:
-            if left_s() <= 0:
-                stop = "budget spent"
-                break
-            if should_stop is not None and should_stop():
-                stop = "stopped on request"
-                break
-            while len(planned) <= lookahead and draw():
-                pass
-            if not planned:
-                break
-            sid, batch = planned.popleft()
-            if times["startup"] == 0:
-                times["startup"] = clock() - t0
-            batch_i += 1
-            tb = clock()
-            statuses = []
-            shape_feats = kind.shape_features(batch[0].shape)
-            state = gpu_state.read() if gpu_state else {}
-            cut = False
-            for p in batch:
-                if left_s() <= 0 or (should_stop is not None and should_stop()):
-                    cut = True  # no point starts once the allotment is spent or a stop asked
-                    break
-                req: dict[str, Any] = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
-                waited = 0.0
-                if compile_pool is not None:
-                    tw = clock()
-                    ans = compile_pool.wait(p.key, min(cfg.point_timeout_s,
-                                                       left_s() + BUDGET_GRACE_S))
-                    waited = clock() - tw
-                    times["compile_wait"] += waited
-                    if ans is not None and "error" not in ans:
-                        req["compiled_ahead"] = ans
-                        times["compiled_ahead"] += 1
-                if left_s() <= 0:  # the allotment ran out while its compile was awaited
-                    cut = True
-                    break
-                # the point's own bound covers the wait for its compile and the worker's call
-                own_left = cfg.point_timeout_s - waited
-                if own_left <= 0:
-                    res = {"status": "timeout", "error": f"its compile did not finish in "
-                           f"{waited:.0f}s (--point-timeout-s)"}
-                    bound = own_left
-                else:
-                    bound = min(own_left, left_s() + BUDGET_GRACE_S)
-                    tw = clock()
-                    res = worker.bench(req, bound)
-                    times["worker"] += clock() - tw
-                    phases.update(res.pop("phase_s", None) or {})
-                    if "worker_ready_s" in res:
-                        ready.append(res.pop("worker_ready_s"))
-                if res["status"] == "timeout" and 0 < bound < own_left:
-                    # cut by the budget, not by its own bound: it ran at least the grace, so it
-                    # is a timeout row (an attempt) and a kernel that hangs is retired
-                    cut = True
-                    res["error"] = (f"no answer in {bound:.0f}s, when the job's allotment ran "
-                                    f"out (its own bound is {cfg.point_timeout_s:.0f}s)")
-                res["compiled_ahead"] = "compiled_ahead" in req
-                after = gpu_state.read() if gpu_state else {}
-                row = make_row(p, res, info, card_feats, shape_feats, cfg, (state, after))
-                state = after
-                # written at once: a job killed mid-batch keeps the points it measured; a
-                # point whose row could not be written is never marked in the ledger
-                rows_file.write(row)
-                ledger.mark(p.key, p.spec, regime, res["status"], res.get("error"))
-                statuses.append(res["status"])
-                counts[res["status"]] += 1
-                if res["status"] == "ok":
-                    times["timed_kernels"] += (res.get("n_samples") or 0) * (
-                        (res.get("value_us") or 0) + (res.get("ref_us") or 0)) * 1e-6
-                    times["remeasured"] += res.get("remeasured") or 0
-                if cut:
-                    break
-            in_flight.difference_update(p.key for p in batch)
-            if clock() >= next_save:
-                next_save = save()
-            remaining[sid] = [p for p in remaining.get(sid, [])
-                              if ledger.needs_run(p.key, regime, cfg.max_attempts)]
-            if not remaining[sid]:
-                del remaining[sid]
-            left = sum(len(v) for v in remaining.values())
-            n_ok = statuses.count("ok")
-            print(f"[batch {batch_i}] {cfg.slice} {cfg.kind} {sid}: {n_ok}/{len(statuses)} ok "
-                  f"({clock() - tb:.1f}s) statuses={statuses} | done {sum(counts.values())}, "
-                  f"ok {counts['ok']}, failed {sum(counts.values()) - counts['ok']}, "
-                  f"left {left}, {max(0.0, left_s()):.0f}s of budget left",
-                  file=log, flush=True)
-            if cut:
-                asked = left_s() > 0 and should_stop is not None and should_stop()
-                stop = "stopped on request" if asked else "budget spent"
-                break
-        save()
+        stop = _measure(cfg, tools, sched, time_, store, stats, should_stop, needs_run, log)
+        store.save()
     except BoxWriteError as exc:
         error, stop = str(exc), "failed: rows or ledger not written"
         print(f"[sweep] error: {exc}", file=log, flush=True)
         try:  # keep the marks of the rows that are in the file, once they are durable
-            rows_file.sync()
+            store.rows.sync()
             _save_ledger(ledger, cfg.ledger_path)
         except BoxWriteError as again:
             print(f"[sweep] error: {again}", file=log, flush=True)
     except BaseException:  # ended by a signal or a bug: the marks of the durable rows are kept
         with contextlib.suppress(BoxWriteError):
-            save()
+            store.save()
         raise
     finally:
-        rows_file.close()
+        store.close()
         if own_tools:
             tools.close()
-        elif compile_pool is not None and hasattr(compile_pool, "forget"):
-            compile_pool.forget()
-    elapsed = clock() - t0
-    done = sum(1 for p in points if not ledger.needs_run(p.key, regime, cfg.max_attempts))
-    benched = sum(counts.values())
-    summary = {"run_id": cfg.run_id, "slice": cfg.slice, "kind": cfg.kind, "card": card.name,
-               "regime": regime, "stop": stop, "points_total": total, "points_done": done,
-               "benched": benched, "ok": counts["ok"],
-               "failed": benched - counts["ok"], "statuses": dict(counts),
-               "batches": batch_i, "elapsed_s": round(elapsed, 2), "budget_s": cfg.budget_s,
-               "over_budget_s": round(elapsed - cfg.budget_s, 2) if cfg.budget_s else None,
-               "worker_restarts": worker.restarts - restarts_before,
+        elif pool is not None and hasattr(pool, "forget"):
+            pool.forget()
+    elapsed = time_.elapsed_s()
+    done = sum(1 for p in points if not needs_run(p))
+    summary = {"run_id": cfg.run_id, "slice": cfg.slice, "kind": cfg.kind,
+               "card": tools.card.name, "regime": regime, "stop": stop,
+               "points_total": len(points), "points_done": done,
+               **stats.summary(elapsed_s=elapsed, budget_s=cfg.budget_s,
+                               ledger_saves_s=store.save_s),
+               "worker_restarts": tools.worker.restarts - restarts_before,
                "compile_workers": n_compile,
                # what the pool compiled for without asking CUDA (None: Triton asked the GPU)
-               "compile_target": list(t) if (t := getattr(compile_pool, "target", None)) else None,
-               "compile_pool_broken": getattr(compile_pool, "broken", None),
-               "compiled_ahead": int(times["compiled_ahead"]),
-               "remeasured": int(times["remeasured"]),
-               "time_s": {"startup": round(times["startup"], 2),
-                          "compile_wait": round(times["compile_wait"], 2),
-                          "worker": round(times["worker"], 2),
-                          "timed_kernels": round(times["timed_kernels"], 3),
-                          "ledger_saves": round(times["ledger_saves"], 3),
-                          "worker_phases": {k: round(v, 3) for k, v in sorted(phases.items())},
-                          "worker_ready": ready}}
+               "compile_target": list(t) if (t := getattr(pool, "target", None)) else None,
+               "compile_pool_broken": getattr(pool, "broken", None)}
     if error:
         summary["error"] = error
-    print(f"sweep done: {cfg.slice}-{cfg.kind} {done}/{total} points ({benched} benched "
-          f"this run: {counts['ok']} ok, {summary['failed']} failed) in {elapsed:.0f}s; {stop}",
-          file=log, flush=True)
+    print(f"sweep done: {cfg.slice}-{cfg.kind} {done}/{len(points)} points ({stats.benched} "
+          f"benched this run: {stats.counts['ok']} ok, {summary['failed']} failed) in "
+          f"{elapsed:.0f}s; {stop}", file=log, flush=True)
     if cfg.summary_path:
         tmp = cfg.summary_path.with_suffix(".tmp")
         try:
@@ -598,3 +456,99 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     if error:  # exit status 1: the job failed, but the rows it wrote stay for the harvest
         raise SystemExit(f"error: {error}")
     return summary
+
+
+def _measure(cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment, store: Durable,
+             stats: JobStats, should_stop: Any, needs_run: Any, log: Any) -> str:
+    """The job's loop: batch after batch until the pool, the allotment or a stop ends it;
+    returns why it ended."""
+    from harness import kinds as registry
+    from harness.box.gpustate import GpuState
+
+    info, regime, pool, worker = tools.info, tools.regime, tools.pool, tools.worker
+    timing = {"warmup": tools.warmup, "iters": tools.iters, "max_cv": cfg.max_cv}
+    kind = registry.get(cfg.kind)
+    card_feats = tools.card.features()
+    gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None
+
+    def asked() -> bool:
+        return should_stop is not None and bool(should_stop())
+
+    while True:
+        if time_.spent():
+            return "budget spent"
+        if asked():
+            return "stopped on request"
+        planned = sched.next_batch()
+        if planned is None:
+            return "pool exhausted"
+        sid, batch = planned
+        stats.started_measuring(time_.elapsed_s())
+        stats.batches += 1
+        tb = time_.clock()
+        statuses: list[str] = []
+        shape_feats = kind.shape_features(batch[0].shape)
+        state = gpu_state.read() if gpu_state else {}
+        cut = False
+        for p in batch:
+            if time_.spent() or asked():
+                cut = True  # no point starts once the allotment is spent or a stop asked
+                break
+            res, cut = _measure_point(p, cfg, pool, worker, time_, stats)
+            if res is None:  # the allotment ran out while its compile was awaited
+                break
+            after = gpu_state.read() if gpu_state else {}
+            row = make_row(p, res, info, card_feats, shape_feats, cfg.run_id, timing,
+                           (state, after))
+            state = after
+            # written at once: a job killed mid-batch keeps the points it measured; a point
+            # whose row could not be written is never marked in the ledger
+            store.record(row, regime)
+            statuses.append(res["status"])
+            stats.measured(res)
+            if cut:
+                break
+        store.tick()
+        sched.settle(sid, batch, needs_run)
+        print(f"[batch {stats.batches}] {cfg.slice} {cfg.kind} {sid}: {statuses.count('ok')}/"
+              f"{len(statuses)} ok ({time_.clock() - tb:.1f}s) statuses={statuses} | "
+              f"{stats.progress()}, left {sched.left}, "
+              f"{max(0.0, time_.left_s()):.0f}s of budget left", file=log, flush=True)
+        if cut:
+            return "stopped on request" if not time_.spent() and asked() else "budget spent"
+
+
+def _measure_point(p: pools.Point, cfg: JobConfig, pool: Any, worker: Any, time_: Allotment,
+                   stats: JobStats) -> tuple[dict[str, Any] | None, bool]:
+    """One point: wait for its compile, then the worker's call, within the point's bound.
+    Returns (its result, None when the allotment ran out during the compile wait; whether the
+    job's allotment cut it)."""
+    req: dict[str, Any] = {"kind": p.kind, "shape": p.shape, "knobs": p.knobs}
+    waited = 0.0
+    if pool is not None:
+        tw = time_.clock()
+        ans = pool.wait(p.key, time_.compile_wait_s())
+        waited = time_.clock() - tw
+        compiled = ans is not None and "error" not in ans
+        if compiled:
+            req["compiled_ahead"] = ans
+        stats.compile_waited(waited, compiled)
+    if time_.spent():
+        return None, True
+    bound, by_budget = time_.call_bound(waited)
+    if bound <= 0:
+        res: dict[str, Any] = {"status": "timeout", "error": f"its compile did not finish in "
+                               f"{waited:.0f}s (--point-timeout-s)"}
+    else:
+        tw = time_.clock()
+        res = worker.bench(req, bound)
+        stats.worker_answered(time_.clock() - tw, res)
+    cut = False
+    if res["status"] == "timeout" and by_budget:
+        # cut by the budget, not by its own bound: it ran at least the grace, so it is a
+        # timeout row (an attempt) and a kernel that hangs is retired
+        cut = True
+        res["error"] = (f"no answer in {bound:.0f}s, when the job's allotment ran out (its own "
+                        f"bound is {cfg.point_timeout_s:.0f}s)")
+    res["compiled_ahead"] = "compiled_ahead" in req
+    return res, cut
