@@ -75,7 +75,11 @@ def main() -> int:
 
     rows = [json.loads(line) for f in args.rows for line in Path(f).read_text().splitlines()
             if line.strip()]
-    ok = [r for r in rows if r["status"] == "ok" and r["regime"] == "deployable"]
+    from harness.shipped import is_baseline
+
+    # configurations only: a baseline (torch's op, torch.compile) is no Triton kernel
+    ok = [r for r in rows if r["status"] == "ok" and r["regime"] == "deployable"
+          and not is_baseline(str(r.get("spec") or ""))]
     picked = pick(ok, args.n, args.per_shape)
     if not picked:
         raise SystemExit("no ok deployable rows in the given files")

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import goldens
+from harness import goldens, shipped
 from harness import kinds as registry
 from harness.cards import Card
 from harness.points import make_spec, point_key
@@ -30,6 +30,8 @@ class Point:
     slice: str
     shape: dict[str, Any] = field(hash=False, compare=False)
     knobs: dict[str, Any] = field(hash=False, compare=False)
+    # a shipped configuration or a baseline (harness.shipped): measured before the rest
+    first: bool = field(default=False, compare=False)
 
 
 @dataclass
@@ -81,6 +83,7 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
         kind = registry.get(g.kind)
         knob_list = kind.enumerate(g.shape, card)
         spec_knobs = {make_spec(k): k for k in knob_list}
+        enumerated = len(spec_knobs)
         own, cross = [], []
         for a in by_shape.get((g.kind, g.shape_id), []):
             if a.spec not in spec_knobs:
@@ -90,10 +93,18 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
             else:
                 cross.append(a.spec)
         sliced = assign_slices(list(spec_knobs), own, cross, max_dist, tail_cap)
+        # what people ship (rules, tutorial lists, torch baselines) is measured first, in the
+        # own slice, wherever the slicing put it
+        first = {spec: k for ks in shipped.configs(g.kind, g.shape, card).values()
+                 for k in ks for spec in [make_spec(k)]}
+        if first:
+            sliced = {s: [x for x in specs if x not in first] for s, specs in sliced.items()}
+            sliced["own"] = list(first) + sliced["own"]
+            spec_knobs = {**spec_knobs, **first}
         pts = [Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name, kind=g.kind,
                      shape_id=g.shape_id, spec=spec, slice=s, shape=dict(g.shape),
-                     knobs=dict(spec_knobs[spec]))
+                     knobs=dict(spec_knobs[spec]), first=spec in first)
                for s in SLICES for spec in sliced[s]]
-        out.append(ShapePool(golden=g, enumerated=len(spec_knobs), own_anchors=own,
+        out.append(ShapePool(golden=g, enumerated=enumerated, own_anchors=own,
                              cross_anchors=cross, points=pts))
     return PoolSet(card=card, shapes=out, skipped_anchors=skipped)

@@ -18,6 +18,14 @@ from harness.cards import INTERPRET
 from harness.ledger import Ledger
 
 
+@pytest.fixture(autouse=True)
+def _no_shipped(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs here measure the kind's own configurations only, unless a test is about what
+    people ship (those come first, and the baselines compile in the worker)."""
+    if "shipped" not in request.node.name:
+        monkeypatch.setattr(pools.shipped, "configs", lambda *a: {})
+
+
 class Clock:
     def __init__(self, t: float = 100.0) -> None:
         self.t = t
@@ -317,3 +325,24 @@ def test_a_full_disk_ends_the_job_with_an_error_and_no_mark_without_its_row(
     ledger = Ledger.load(tmp_path / "ledger.json")
     marked = [k for k in ledger if not ledger.needs_run(k, INTERPRET)]
     assert sorted(marked) == sorted(r["point_key"] for r in rows)
+
+
+def test_shipped_points_come_first_and_baselines_skip_the_compile_pool(tmp_path: Path) -> None:
+    clock = Clock()
+    worker = FakeWorker(clock)
+    pool = RecordingPool(clock, compile_s=0.0)
+    card = cards.by_alias("h200")
+    pts = pools.build(card, kinds=["matmul"]).points("own", "matmul")
+    first = [p for p in pts if p.first]
+    for sid in {p.shape_id for p in pts}:  # each shape's pool lists them first too
+        of = [p for p in pts if p.shape_id == sid]
+        assert of[:sum(p.first for p in of)] == [p for p in of if p.first]
+    summary = run_job(_job(tmp_path, kind="matmul", budget_s=0, batch=4), log=open("/dev/null", "w"),  # noqa: SIM115
+                      clock=clock, tools=_tools(worker, pool),
+                      should_stop=lambda: len(worker.calls) >= len(first))
+    assert summary["benched"] == len(first)
+    rows = _read(tmp_path / "rows.jsonl")
+    assert {r["spec"] for r in rows} == {p.spec for p in first}
+    baselines = [p.key for p in first if p.knobs.get("baseline")]
+    assert baselines and not set(baselines) & set(pool.submitted)
+    assert set(pool.submitted) >= {p.key for p in first if not p.knobs.get("baseline")}

@@ -22,12 +22,14 @@ from typing import Any
 
 from harness import pools
 from harness.ledger import Ledger
+from harness.shipped import is_baseline
 
 Clock = Callable[[], float]
 
 
 class Scheduler:
-    """The points a job has left and the order it measures them in.
+    """The points a job has left and the order it measures them in: the ``first`` points
+    (what people ship: :mod:`harness.shipped`) before the others.
 
     ``next_batch`` keeps ``lookahead`` batches planned beyond the one it hands out (each
     submitted to the compile pool when it is planned) and returns the oldest; ``settle`` drops
@@ -54,6 +56,10 @@ class Scheduler:
         avail = {sid: [p for p in pts if p.key not in self.in_flight]
                  for sid, pts in self.remaining.items()}
         avail = {sid: pts for sid, pts in avail.items() if pts}
+        # what people ship (their configurations, the baselines) before the rest
+        firsts = {sid: [p for p in pts if p.first] for sid, pts in avail.items()}
+        if any(firsts.values()):
+            avail = {sid: pts for sid, pts in firsts.items() if pts}
         if not avail:
             return False
         shape_ids = sorted(avail)
@@ -62,7 +68,8 @@ class Scheduler:
         self.in_flight.update(p.key for p in batch)
         if self.compile_pool is not None:
             for p in batch:
-                self.compile_pool.submit(p.key, p.kind, p.shape, p.knobs)
+                if not is_baseline(p.knobs):  # torch compiles its own, in the worker
+                    self.compile_pool.submit(p.key, p.kind, p.shape, p.knobs)
         self.planned.append((sid, batch))
         return True
 

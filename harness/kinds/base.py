@@ -130,6 +130,37 @@ class Kind:
         """The Triton kernel configured by ``knobs``, ready to launch on ``inputs``."""
         raise NotImplementedError
 
+    def torch_op(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        """What a user would run in torch instead of a Triton kernel: torch's own best op, in
+        the input dtype (default: the reference, where that already is it)."""
+        return self.reference(shape, inputs)
+
+    def baseline(self, name: str, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        """A baseline (:mod:`harness.shipped`) as a launch: ``torch`` (:meth:`torch_op`) or
+        ``compile`` (``torch.compile(mode="max-autotune-no-cudagraphs")`` of the reference,
+        compiled on its first launch).  ``out`` is its result once it has run."""
+        if name == "torch":
+            def fn() -> Any:
+                return self.torch_op(shape, inputs)
+        elif name == "compile":
+            import torch
+
+            torch._dynamo.reset()  # one graph per shape; never a fallback to eager
+            compiled = torch.compile(self.reference, mode="max-autotune-no-cudagraphs",
+                                     fullgraph=True, dynamic=False)
+
+            def fn() -> Any:
+                return compiled(shape, inputs)
+        else:
+            raise ValueError(f"unknown baseline {name!r}; baselines: torch, compile")
+        launch = Launch(run=fn, out=None)
+
+        def run() -> None:
+            launch.out = fn()
+
+        launch.run = run
+        return launch
+
     @staticmethod
     def is_interpret(card: Card) -> bool:
         return card.regime == INTERPRET

@@ -73,6 +73,11 @@ class Matmul(Kind):
     def reference(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
         return inputs["a"] @ inputs["w"].T
 
+    def torch_op(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        return torch.nn.functional.linear(inputs["a"], inputs["w"])
+
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
         from harness.kinds._matmul_triton import matmul_kernel
 

@@ -82,6 +82,14 @@ class MlpGeglu(Kind):
         up = (x @ inputs["w_up"].T).float()
         return (torch.nn.functional.gelu(gate, approximate="tanh") * up).to(x.dtype)
 
+    def torch_op(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        f = torch.nn.functional
+        x = inputs["x"]
+        return f.gelu(f.linear(x, inputs["w_gate"]), approximate="tanh") * f.linear(
+            x, inputs["w_up"])
+
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
         from harness.kinds._mlp_geglu_triton import mlp_geglu_kernel
 

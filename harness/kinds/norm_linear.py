@@ -85,6 +85,13 @@ class NormLinear(Kind):
         xn = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * inputs["w_norm"].float()
         return xn.to(inputs["x"].dtype) @ inputs["w"].T
 
+    def torch_op(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        f = torch.nn.functional
+        return f.linear(f.rms_norm(inputs["x"], (shape["K"],), inputs["w_norm"], EPS),
+                        inputs["w"])
+
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
         from harness.kinds._norm_linear_triton import norm_linear_kernel
 

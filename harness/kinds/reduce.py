@@ -114,6 +114,16 @@ class Reduce(Kind):
             r = getattr(x, op)(-1)
         return r.to(inputs["x"].dtype)
 
+    def torch_op(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        x, op = inputs["x"], shape["op"]
+        if op == "sumsq":
+            return torch.linalg.vector_norm(x, dim=-1).square()
+        if op in ("max", "min"):
+            return torch.amax(x, -1) if op == "max" else torch.amin(x, -1)
+        return getattr(x, op)(-1)
+
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
         import torch
 

@@ -94,6 +94,11 @@ class RmsNorm(Kind):
         y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * inputs["w"].float()
         return y.to(inputs["x"].dtype)
 
+    def torch_op(self, shape: Shape, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        return torch.nn.functional.rms_norm(inputs["x"], (shape["N"],), inputs["w"], EPS)
+
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
         from harness.kinds._rms_norm_triton import rms_norm_kernel
 
