@@ -525,4 +525,6 @@ def pool_args(opts: Mapping[str, Any]) -> list[str]:
     out = ["--max-dist", str(opts["max_dist"]), "--tail-cap", str(opts["tail_cap"])]
     if opts.get("filter"):  # one word: a value that starts with "-" stays a value
         out.append(f"--filter={opts['filter']}")
+    if opts.get("baselines") is not None:
+        out.append(f"--baselines={opts['baselines']}")
     return out

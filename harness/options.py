@@ -31,6 +31,7 @@ class RunOptions:
     batch: int
     seed: int
     filter: str | None
+    baselines: str  # --baselines, checked: "torch,compile", a part of it, or "none"
     keyword: str | None
     # where it goes (resolved)
     db_path: Path
@@ -67,13 +68,15 @@ class RunOptions:
     def from_config(cls, o: Any, *, gpus: list[str], shares: dict[str, float],
                     db: Path | None, report_json: Path | None, remote: Any) -> RunOptions:
         """From pytest's parsed options, once they are checked."""
+        from harness import shipped
         from harness.store import default_db_path
 
         state = default_state_dir()
         return cls(
             gpu=o.gpu, gpus=tuple(gpus), budget_s=o.budget_s,
             shares=MappingProxyType(dict(shares)), max_dist=o.max_dist, tail_cap=o.tail_cap,
-            batch=o.batch, seed=o.seed, filter=o.filter, keyword=getattr(o, "keyword", None) or None,
+            batch=o.batch, seed=o.seed, filter=o.filter,
+            baselines=",".join(shipped.parse_baselines(o.baselines)) or "none", keyword=getattr(o, "keyword", None) or None,
             db_path=db or default_db_path(),
             ledger_path=Path(o.ledger).expanduser() if o.ledger else state / "ledger.json",
             rows_dir=Path(o.rows_dir).expanduser() if o.rows_dir else state / "rows",
@@ -99,11 +102,13 @@ class RunOptions:
     def job_fields(self) -> dict[str, Any]:
         """What every job request carries besides its slice, kind and allotment."""
         return {"batch": self.batch, "seed": self.seed, "point_timeout_s": self.point_timeout_s,
-                "max_dist": self.max_dist, "tail_cap": self.tail_cap, "filter": self.filter}
+                "max_dist": self.max_dist, "tail_cap": self.tail_cap, "filter": self.filter,
+                "baselines": self.baselines}
 
     def pool_fields(self) -> dict[str, Any]:
         """What decides a card's pool of points."""
-        return {"max_dist": self.max_dist, "tail_cap": self.tail_cap, "filter": self.filter}
+        return {"max_dist": self.max_dist, "tail_cap": self.tail_cap, "filter": self.filter,
+                "baselines": self.baselines}
 
     def service_args(self) -> list[str]:
         """The box service's command-line options (its tools are the session's)."""
@@ -120,7 +125,8 @@ class RunOptions:
                 "db": str(self.db_path), "ledger": str(self.ledger_path),
                 "rows_dir": str(self.rows_dir), "shares": dict(self.shares),
                 "max_dist": self.max_dist, "tail_cap": self.tail_cap, "batch": self.batch,
-                "seed": self.seed, "filter": self.filter, "keyword": self.keyword,
+                "seed": self.seed, "filter": self.filter, "baselines": self.baselines,
+                "keyword": self.keyword,
                 "timeout_s": self.timeout_s, "point_timeout_s": self.point_timeout_s,
                 "compile_workers": self.compile_workers, "max_cv": self.max_cv,
                 "remeasure": self.remeasure, "no_merge": self.no_merge, "remote": self.remote,

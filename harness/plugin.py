@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness import cards
+from harness import cards, shipped
 from harness import kinds as registry
 from harness.options import RunOptions, default_state_dir
 from harness.planner import Job, ShareError, normalize_shares
@@ -50,6 +50,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--batch", type=int, default=6, help="points per batch (default 6)")
     g.addoption("--seed", type=int, default=0, help="seed of the batch draw (default 0)")
     g.addoption("--filter", default=None, help="keep golden shapes whose name contains this")
+    g.addoption("--baselines", default="torch,compile",
+                help="what a user would run instead, measured once per shape in the own slice: "
+                     "torch (torch's own op), compile (torch.compile max-autotune of the "
+                     "reference, about 7 s a shape on an H200), both (default) or none")
     g.addoption("--remote", default=None,
                 help="an existing GPU server: user@host[:port] or an ~/.ssh/config alias (never "
                      "torn down; only our folder and tmux sessions are touched)")
@@ -129,6 +133,10 @@ def _validate(config: pytest.Config) -> RunOptions:
             continue
         if val < low:
             raise pytest.UsageError(f"{name}={val}: must be at least {low}")
+    try:
+        shipped.parse_baselines(o.baselines)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if not (math.isfinite(o.max_cv) and o.max_cv > 0):
         raise pytest.UsageError(f"--max-cv={o.max_cv:g}: must be a positive fraction, e.g. 0.05 "
                                 "(time again points whose calls vary more than 5%)")

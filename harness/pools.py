@@ -68,7 +68,8 @@ class PoolSet:
 def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = None,
           max_dist: int = 2, tail_cap: int = 200,
           anchors: list[goldens.Anchor] | None = None,
-          shapes: list[goldens.GoldenShape] | None = None) -> PoolSet:
+          shapes: list[goldens.GoldenShape] | None = None,
+          baselines: tuple[str, ...] = shipped.BASELINES) -> PoolSet:
     """Enumerate and slice every golden shape of ``card``'s regime."""
     if shapes is None:
         shapes = goldens.shapes(card.regime, kinds=kinds, filter=filter)
@@ -95,7 +96,7 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
         sliced = assign_slices(list(spec_knobs), own, cross, max_dist, tail_cap)
         # what people ship (rules, tutorial lists, torch baselines) is measured first, in the
         # own slice, wherever the slicing put it
-        first = {spec: k for ks in shipped.configs(g.kind, g.shape, card).values()
+        first = {spec: k for ks in shipped.configs(g.kind, g.shape, card, baselines).values()
                  for k in ks for spec in [make_spec(k)]}
         if first:
             sliced = {s: [x for x in specs if x not in first] for s, specs in sliced.items()}

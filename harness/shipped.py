@@ -187,16 +187,27 @@ def heuristic(kind: str, shape: Mapping[str, Any], card: Card) -> dict[str, Any]
     return runnable[0] if runnable else None
 
 
-def configs(kind: str, shape: Mapping[str, Any], card: Card) -> dict[str, list[dict[str, Any]]]:
+def parse_baselines(value: str | None) -> tuple[str, ...]:
+    """``--baselines``: ``torch,compile`` (the default), any of them, or ``none``."""
+    if value is None:
+        return BASELINES
+    words = [w.strip() for w in value.split(",") if w.strip()]
+    if words == ["none"]:
+        return ()
+    bad = [w for w in words if w not in BASELINES]
+    if bad or not words:
+        raise ValueError(f"--baselines={value}: {', '.join(bad) or 'empty'} is not a baseline; "
+                         f"give {', '.join(BASELINES)} (comma-separated), or none")
+    return tuple(b for b in BASELINES if b in words)
+
+
+def configs(kind: str, shape: Mapping[str, Any], card: Card,
+            baselines: tuple[str, ...] = BASELINES) -> dict[str, list[dict[str, Any]]]:
     """role → configurations of one shape on ``card``: ``heuristic`` (zero or one),
-    ``autotune_list`` and ``baseline``.  None on the interpreter (its knob spaces are toys)."""
+    ``autotune_list`` and ``baseline`` (those in ``baselines``).  None on the interpreter (its
+    knob spaces are toys)."""
     if card.regime == INTERPRET:
         return {}
     h = heuristic(kind, shape, card)
     return {HEURISTIC: [h] if h else [], AUTOTUNE_LIST: autotune_list(kind, shape, card),
-            "baseline": [{BASELINE_KNOB: b} for b in BASELINES]}
-
-
-def specs(kind: str, shape: Mapping[str, Any], card: Card) -> dict[str, list[str]]:
-    """:func:`configs` as specs."""
-    return {role: [make_spec(k) for k in ks] for role, ks in configs(kind, shape, card).items()}
+            "baseline": [{BASELINE_KNOB: b} for b in baselines]}

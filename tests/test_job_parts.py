@@ -225,10 +225,11 @@ class FakeWorker:
         pass
 
 
-def _tools(worker: Any, pool: Any = None) -> Tools:
+def _tools(worker: Any, pool: Any = None, compile_worker: Any = None) -> Tools:
     card = cards.by_alias("h200")
     info = {"regime": INTERPRET, "cc": None, "card": card.name, "host": "here"}
-    return Tools(info=info, card=card, pool=pool, worker=worker, warmup=1, iters=3, remeasure=0)
+    return Tools(info=info, card=card, pool=pool, worker=worker, warmup=1, iters=3, remeasure=0,
+                 baseline_worker=compile_worker)
 
 
 def _job(tmp_path: Path, **over: Any) -> JobConfig:
@@ -329,7 +330,7 @@ def test_a_full_disk_ends_the_job_with_an_error_and_no_mark_without_its_row(
 
 def test_shipped_points_come_first_and_baselines_skip_the_compile_pool(tmp_path: Path) -> None:
     clock = Clock()
-    worker = FakeWorker(clock)
+    worker, compile_worker = FakeWorker(clock), FakeWorker(clock)
     pool = RecordingPool(clock, compile_s=0.0)
     card = cards.by_alias("h200")
     pts = pools.build(card, kinds=["matmul"]).points("own", "matmul")
@@ -338,9 +339,13 @@ def test_shipped_points_come_first_and_baselines_skip_the_compile_pool(tmp_path:
         of = [p for p in pts if p.shape_id == sid]
         assert of[:sum(p.first for p in of)] == [p for p in of if p.first]
     summary = run_job(_job(tmp_path, kind="matmul", budget_s=0, batch=4), log=open("/dev/null", "w"),  # noqa: SIM115
-                      clock=clock, tools=_tools(worker, pool),
-                      should_stop=lambda: len(worker.calls) >= len(first))
+                      clock=clock, tools=_tools(worker, pool, compile_worker),
+                      should_stop=lambda: len(worker.calls) + len(compile_worker.calls)
+                      >= len(first))
     assert summary["benched"] == len(first)
+    # torch.compile's baselines ran in a worker of their own, everything else in the other
+    n_compile = sum(p.knobs.get("baseline") == "compile" for p in first)
+    assert n_compile and len(compile_worker.calls) == n_compile
     rows = _read(tmp_path / "rows.jsonl")
     assert {r["spec"] for r in rows} == {p.spec for p in first}
     baselines = [p.key for p in first if p.knobs.get("baseline")]

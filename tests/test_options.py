@@ -24,6 +24,9 @@ DOWN = "--down-cmd=true {{handle}}"
 
 # (id, arguments (after the defaults below; {tmp} is the test's folder), stderr regex)
 CASES: list[tuple[str, list[str], str]] = [
+    ("baselines-unknown", ["--baselines=torch,inductor"],
+     r"--baselines=torch,inductor: inductor is not a baseline; give torch, compile"),
+    ("baselines-empty", ["--baselines=,"], r"--baselines=,: empty is not a baseline"),
     ("gpu-unknown", ["--gpu=l4os"], r"--gpu: unknown card 'l4os'; did you mean 'l40s'\? valid aliases: l40s, .*h200"),
     ("gpu-empty", ["--gpu=,"], r"--gpu=',' names no card; valid: l40s, .*auto, local"),
     ("gpu-local-and-card", ["--gpu=local,h100"], r"--gpu='local,h100': 'local' cannot be combined"),
@@ -176,7 +179,8 @@ def test_the_run_options_are_one_frozen_value_with_resolved_paths(
     raw = SimpleNamespace(**{**dict.fromkeys(names), **dict(
         gpu="local", budget_s=60.0, max_dist=2, tail_cap=200, batch=6, seed=0, ledger=None,
         rows_dir="~/rows", no_merge=False, accept_new_host_key=False, keep_server=False,
-        box_install=False, point_timeout_s=300.0, max_cv=0.05, remeasure=2)})
+        box_install=False, point_timeout_s=300.0, max_cv=0.05, remeasure=2,
+        baselines="compile,torch")})
     opts = RunOptions.from_config(raw, gpus=["local"], shares={"own": 0.5, "cross": 0.2,
                                                                "tail": 0.3},
                                   db=None, report_json=None, remote=None)
@@ -188,5 +192,5 @@ def test_the_run_options_are_one_frozen_value_with_resolved_paths(
     with pytest.raises(TypeError):
         opts.shares["own"] = 1.0  # type: ignore[index]
     assert opts.job_fields() == {"batch": 6, "seed": 0, "point_timeout_s": 300.0, "max_dist": 2,
-                                 "tail_cap": 200, "filter": None}
+                                 "tail_cap": 200, "filter": None, "baselines": "torch,compile"}
     assert opts.report()["rows_dir"] == str(Path.home() / "rows")

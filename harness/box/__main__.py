@@ -38,7 +38,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from harness import kinds as registry
-    from harness import pools
+    from harness import pools, shipped
     from harness.cards import by_alias
     from harness.ledger import Ledger
 
@@ -52,7 +52,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         card = card_from_probe(info)
     kinds = args.kind or registry.names()
     pool = pools.build(card, kinds=kinds, filter=args.filter, max_dist=args.max_dist,
-                       tail_cap=args.tail_cap)
+                       tail_cap=args.tail_cap, baselines=shipped.parse_baselines(args.baselines))
     ledger = Ledger.load(Path(args.ledger)) if args.ledger else Ledger()
     todo = [p.key for p in pool.points() if ledger.needs_run(p.key, card.regime, args.max_attempts)]
     payload = {
@@ -150,7 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     tail_cap=args.tail_cap, filter=args.filter, max_attempts=args.max_attempts,
                     point_timeout_s=args.point_timeout_s, warmup=args.warmup, iters=args.iters,
                     compile_workers=args.compile_workers, max_cv=args.max_cv,
-                    remeasure=args.remeasure, run_id=args.run_id or new_run_id())
+                    remeasure=args.remeasure, baselines=args.baselines,
+                    run_id=args.run_id or new_run_id())
     # tmux kill-session hangs up the pane, a controller may terminate: either ends the job
     # through its clean-up, which keeps the marks of the rows already written
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -203,6 +204,7 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-dist", type=int, default=2)
     p.add_argument("--tail-cap", type=int, default=200)
     p.add_argument("--filter", default=None)
+    p.add_argument("--baselines", default="torch,compile")
     p.add_argument("--max-attempts", type=int, default=2)
 
 

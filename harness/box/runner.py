@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness import pools
+from harness import pools, shipped
 from harness.box.job import Allotment, Durable, JobStats, Scheduler
 from harness.box.probe import FORCE_INTERPRET_ENV, card_from_probe, probe
 from harness.cards import DEPLOYABLE, INTERPRET
@@ -69,6 +69,13 @@ class Worker:
         self._served = 0  # points handed to this process
         log.close()
         return self.proc
+
+    def sibling(self, log_path: Path) -> Worker:
+        """Another worker like this one (its own process, its own log)."""
+        other = Worker.__new__(Worker)
+        other.regime, other.args, other.log_path = self.regime, list(self.args), log_path
+        other.proc, other.restarts, other._served = None, 0, 0
+        return other
 
     def start(self) -> None:
         """Start the worker now rather than at the first point."""
@@ -224,6 +231,7 @@ class JobConfig:
     compile_workers: int | None = None  # None: the box's spare cores; 0: no compile-ahead
     max_cv: float = 0.05
     remeasure: int = 2
+    baselines: str = "torch,compile"  # --baselines: which baselines the own slice measures
     run_id: str = field(default_factory=new_run_id)
 
 
@@ -290,6 +298,20 @@ class Tools:
     iters: int
     remeasure: int
     owns_pool: bool = False
+    baseline_worker: Any = None  # torch.compile's own, made at its first point
+
+    def worker_for(self, knobs: Any) -> Any:
+        """The bench worker for a point.  torch.compile's baselines run in a worker of their
+        own: Inductor changes the process it compiles in (its environment, compile threads,
+        Triton's cache folder), and the worker that times the Triton kernels must not see it
+        (in one process, every later kernel's first launch compiled again)."""
+        if knobs.get(shipped.BASELINE_KNOB) != "compile":
+            return self.worker
+        if self.baseline_worker is None:
+            log = getattr(self.worker, "log_path", None)
+            self.baseline_worker = self.worker.sibling(
+                log.with_name("worker-compile.log") if log else Path("worker-compile.log"))
+        return self.baseline_worker
 
     @classmethod
     def start(cls, cfg: JobConfig, worker_log: Path, compile_pool: Any = None) -> Tools:
@@ -334,6 +356,8 @@ class Tools:
 
     def close(self) -> None:
         self.worker.close()
+        if self.baseline_worker is not None:
+            self.baseline_worker.close()
         if self.owns_pool and self.pool is not None:
             self.pool.close()
 
@@ -383,7 +407,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     try:
         ledger = Ledger.load(cfg.ledger_path)
         points = pools.build(tools.card, kinds=[cfg.kind], filter=cfg.filter,
-                             max_dist=cfg.max_dist, tail_cap=cfg.tail_cap
+                             max_dist=cfg.max_dist, tail_cap=cfg.tail_cap,
+                             baselines=shipped.parse_baselines(cfg.baselines)
                              ).points(cfg.slice, cfg.kind)
     except BaseException:
         if own_tools:
@@ -466,7 +491,7 @@ def _measure(cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment, s
     from harness import kinds as registry
     from harness.box.gpustate import GpuState
 
-    info, regime, pool, worker = tools.info, tools.regime, tools.pool, tools.worker
+    info, regime, pool = tools.info, tools.regime, tools.pool
     timing = {"warmup": tools.warmup, "iters": tools.iters, "max_cv": cfg.max_cv}
     kind = registry.get(cfg.kind)
     card_feats = tools.card.features()
@@ -495,7 +520,7 @@ def _measure(cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment, s
             if time_.spent() or asked():
                 cut = True  # no point starts once the allotment is spent or a stop asked
                 break
-            res, cut = _measure_point(p, cfg, pool, worker, time_, stats)
+            res, cut = _measure_point(p, cfg, pool, tools.worker_for(p.knobs), time_, stats)
             if res is None:  # the allotment ran out while its compile was awaited
                 break
             after = gpu_state.read() if gpu_state else {}

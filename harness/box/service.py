@@ -32,7 +32,8 @@ from typing import Any
 from harness.box.runner import JobConfig, Tools, run_job
 
 JOB_FIELDS = ("slice", "kind", "budget_s", "rows_path", "ledger_path", "summary_path", "run_id",
-              "batch", "seed", "max_dist", "tail_cap", "filter", "max_attempts", "point_timeout_s")
+              "batch", "seed", "max_dist", "tail_cap", "filter", "max_attempts", "point_timeout_s",
+              "baselines")
 
 
 def _write_json(path: Path, data: Any) -> None:
