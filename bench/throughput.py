@@ -174,6 +174,12 @@ def from_sweep(run_dir: Path, serial_s: float, out: Path) -> int:
               f"{sum(r['spec'] == 'baseline=compile' for r in based)}); their first launches "
               f"took {first['torch']:.1f}s and {first['compile']:.1f}s (torch.compile's "
               "compile and autotuning) of the jobs' time")
+        spent = sum(((r.get("provenance") or {}).get("first_launch_s") or 0)
+                    + (r.get("bench_s") or 0) for r in based)
+        n_cfg = sum(d["benched"] for d in sums) - len(based)
+        wall_all = sum(d["elapsed_s"] for d in sums)
+        print(f"without them: {n_cfg} configurations in {wall_all - spent:.0f}s of job time -> "
+              f"{3600 * n_cfg / max(1e-9, wall_all - spent):.0f} points per GPU-hour")
     if not sums or not rows:
         raise SystemExit(f"no job summaries or deployable rows under {run_dir}")
     n_sweep = sum(d["benched"] for d in sums)
