@@ -201,7 +201,10 @@ def _add_eval(subparsers: Any) -> None:
         "(lower = predicted faster): median Spearman against the measured times, and the "
         "regret of the prior's pick (its time over the best); shapes picked > 1.2x the best "
         "are listed.  Priors are fitted leave-one-shape-out, and learned ones also "
-        "leave-one-card-out when the table holds two or more cards.")
+        "leave-one-card-out when the table holds two or more cards.  Where the table holds "
+        "shipped configurations or baselines, a second table sets the learned and transfer "
+        "priors' picks beside the shipped heuristic, the autotune list, torch and "
+        "torch.compile.")
     _eval_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON dict instead of tables")
     p.set_defaults(func=_cmd_eval)
@@ -210,14 +213,19 @@ def _add_eval(subparsers: Any) -> None:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from harness.evaluate import format_text, to_json
+    from harness.evaluate import compare_shipped, format_shipped, format_text, to_json
 
-    blocks, _ = _run_eval(args)
+    blocks, rows = _run_eval(args)
+    versus = [e for e in compare_shipped(rows, blocks) if e.has_shipped]
     if args.json:
         print(json.dumps(to_json(blocks, db=str(args.db or default_db_path()),
-                                 regime=args.regime), indent=1))
+                                 regime=args.regime, shipped=[e.to_json() for e in versus]),
+                         indent=1))
     else:
         print(format_text(blocks))
+        if versus:
+            print()
+            print(format_shipped(versus))
     return EXIT_OK
 
 

@@ -20,20 +20,31 @@ Modes (what the prior was fitted on before it scored a shape):
 - ``card-out``: every row of the other cards in the regime (leave-one-card-out), only when
   the table holds two or more cards there, and only for priors that learn.
 
-Only ``ok`` rows of the current featurizer version take part.  Pure apart from the priors
-themselves: rows in, :class:`CardEval` values out; :func:`format_text` and :func:`to_json`
-render them.
+Only ``ok`` rows of the current featurizer version take part.  Baseline rows
+(``baseline=torch``, ``baseline=compile``: :func:`harness.shipped.is_baseline`) are not
+configurations: no prior is fitted on or scored on them, and they are never a shape's best.
+
+:func:`compare_shipped` then sets the priors' picks beside what people ship instead of tuning
+(:mod:`harness.shipped`): per shape, the time of each method's pick over the best measured
+configuration: the learned prior's top-1 and its best of top-3 and top-8, the shipped
+heuristic's one configuration, the best of the published autotune list, the transfer prior's
+top-1, and the two baselines, with how many measurements each needs to come within
+``WITHIN`` of the best.
+
+Pure apart from the priors themselves: rows in, :class:`CardEval` and :class:`ShippedEval`
+values out; :func:`format_text`, :func:`format_shipped` and :func:`to_json` render them.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness import shipped
 from harness.priors import Prior, learns
 from harness.stats import _ranks, spearman  # noqa: F401 - part of this module's API
 from harness.store import FEAT_VER
@@ -160,11 +171,13 @@ class CardEval:
     skipped: list[tuple[str, str, int]]  # (kind, shape_id, ok rows)
     evals: list[PriorEval] = field(default_factory=list)
     min_rows: int = MIN_ROWS
+    baselines: int = 0  # ok baseline rows (baseline=torch, baseline=compile): not configurations
 
     def to_json(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "regime": self.regime, "min_rows": self.min_rows,
                 "nodes": self.nodes, "ok": self.ok,
                 "failed": self.nodes - self.ok, "stale": self.stale,
+                "baselines": self.baselines,
                 "shapes_evaluated": len(self.evaluated),
                 "skipped": [{"kind": k, "shape_id": s, "ok_rows": n} for k, s, n in self.skipped],
                 "evaluations": [e.to_json() for e in self.evals]}
@@ -177,9 +190,20 @@ def _shape(row: Row) -> ShapeKey:
     return (str(row["kind"]), str(row["shape_id"]))
 
 
-def _usable(row: Row) -> bool:
+def _measured(row: Row) -> bool:
+    """An ``ok`` row of the current featurizer version with a positive time."""
     return (row.get("status") == "ok" and (row.get("feat_ver") or FEAT_VER) == FEAT_VER
             and isinstance(row.get("value_us"), (int, float)) and row["value_us"] > 0)
+
+
+def _is_baseline(row: Row) -> bool:
+    return shipped.is_baseline(str(row.get("spec") or ""))
+
+
+def _usable(row: Row) -> bool:
+    """A measured configuration: what priors are fitted and scored on, and a shape's best
+    comes from.  Baseline rows are measured but are not configurations."""
+    return _measured(row) and not _is_baseline(row)
 
 
 def _score(prior: Prior, rows: Sequence[Row]) -> list[float]:
@@ -250,9 +274,10 @@ def evaluate(
             if wanted(r):
                 groups[_shape(r)].append(r)
         n_ok = sum(1 for r in card_all if r.get("status") == "ok")
+        n_base = sum(1 for r in card_all if r.get("status") == "ok" and _is_baseline(r))
         block = CardEval(
-            gpu=gpu, regime=regime, nodes=len(card_all), ok=n_ok,
-            stale=n_ok - sum(len(g) for g in groups.values()),
+            gpu=gpu, regime=regime, nodes=len(card_all), ok=n_ok, baselines=n_base,
+            stale=n_ok - n_base - sum(len(g) for g in groups.values()),
             evaluated=sorted(k for k, g in groups.items() if len(g) >= min_rows),
             skipped=sorted((k[0], k[1], len(g)) for k, g in groups.items() if len(g) < min_rows),
             min_rows=min_rows,
@@ -293,7 +318,9 @@ def format_text(blocks: Sequence[CardEval]) -> str:
     lines: list[str] = []
     for b in blocks:
         lines.append(f"[{b.gpu}] {b.nodes} nodes ({b.regime}: {b.ok} ok, {b.nodes - b.ok} failed"
-                     + (f", {b.stale} of another featurizer version" if b.stale else "") + ")")
+                     + (f", {b.stale} of another featurizer version" if b.stale else "")
+                     + (f"; {b.baselines} of the ok rows are baselines, not configurations"
+                        if b.baselines else "") + ")")
         lines.append(f"  {len(b.evaluated)} shapes evaluated (>= {b.min_rows} ok rows), "
                      f"{len(b.skipped)} skipped")
         if b.evals and b.evaluated:
@@ -326,6 +353,349 @@ def to_json(blocks: Sequence[CardEval], **context: Any) -> dict[str, Any]:
     """A machine-readable dict of the evaluation (``context`` adds top-level keys)."""
     return {**context, "miss_ratio": MISS_RATIO,
             "cards": [b.to_json() for b in blocks]}
+
+
+# ---------------------------------------------------------------- against what people ship
+
+LEARNED, TRANSFER = "learned", "transfer"
+TOP_K = (3, 8)
+WITHIN = 1.05
+METHODS = ("learned", "learned_top3", "learned_top8", "heuristic", "autotune_list", "transfer",
+           "torch", "compile")
+"""Every method of the comparison, in the order of the tables."""
+WALKS = ("learned", "heuristic", "autotune_list", "transfer")
+"""The methods whose measurements to come within ``WITHIN`` of the best are counted."""
+NOT_EVALUATED, NOT_MEASURED, NO_RULE, NO_LIST, NO_CARD = (
+    "not evaluated", "not measured", "no rule", "no list", "no card or shape")
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What one method picks on one shape, and that pick's measured time over the best.
+
+    ``to_within``: measurements the method takes to come within ``WITHIN`` of the best (the
+    prior's walk in score order; 1 for the heuristic, the list's measured length for the
+    autotune list); None when it never does, or for a method that is not a walk."""
+
+    spec: str
+    value_us: float
+    regret: float
+    to_within: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": self.spec, "value_us": self.value_us, "regret": self.regret,
+                "to_within": self.to_within}
+
+
+@dataclass
+class ShippedShape:
+    """Every method on one shape: the picks it has, and why the others have none."""
+
+    kind: str
+    shape_id: str
+    n_rows: int  # measured configurations of the shape (baselines not counted)
+    best_spec: str
+    best_us: float
+    picks: dict[str, Pick] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)  # method → why it has no pick
+    listed: int = 0  # configurations of the autotune list this card can run
+    listed_measured: int = 0  # of which measured
+    alike: list[str] = field(default_factory=list)  # priors that scored every row alike
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "shape_id": self.shape_id, "n_rows": self.n_rows,
+                "best_spec": self.best_spec, "best_us": self.best_us,
+                "picks": {m: p.to_json() for m, p in self.picks.items()},
+                "missing": dict(self.missing), "scored_alike": list(self.alike),
+                "autotune_list": {"listed": self.listed, "measured": self.listed_measured}}
+
+
+def _rate(shapes: Sequence[ShippedShape], a: str, b: str) -> dict[str, Any]:
+    """Shapes where method ``a``'s pick is at least as fast as ``b``'s, of those with both."""
+    both = [s for s in shapes if a in s.picks and b in s.picks]
+    wins = sum(1 for s in both if s.picks[a].value_us <= s.picks[b].value_us)
+    return {"wins": wins, "n": len(both), "rate": wins / len(both) if both else None}
+
+
+WIN_RATES = (("learned", "heuristic"), ("learned_top8", "autotune_list"))
+"""(a, b): the fraction of shapes where ``a`` is at least as fast as ``b``."""
+
+
+def summarize_shipped(shapes: Sequence[ShippedShape]) -> dict[str, Any]:
+    """Per method: shapes with a pick, mean / median / worst regret, how many came within
+    ``WITHIN`` of the best and the median measurements that took, and why the others have no
+    pick; and the win rates of :data:`WIN_RATES`."""
+    methods: dict[str, Any] = {}
+    for m in METHODS:
+        picks = [s.picks[m] for s in shapes if m in s.picks]
+        r = [p.regret for p in picks]
+        entry: dict[str, Any] = {
+            "n": len(picks),
+            "regret_mean": statistics.fmean(r) if r else None,
+            "regret_median": statistics.median(r) if r else None,
+            "regret_worst": max(r) if r else None,
+            "missing": dict(sorted(Counter(s.missing[m] for s in shapes
+                                           if m in s.missing).items())),
+            "scored_alike": sum(1 for s in shapes if m in s.alike),
+        }
+        if m in WALKS:
+            counts = [p.to_within for p in picks if p.to_within is not None]
+            entry["within"] = len(counts)
+            entry["to_within_median"] = statistics.median(counts) if counts else None
+        methods[m] = entry
+    listed = [s for s in shapes if s.listed]
+    return {"n_shapes": len(shapes), "methods": methods,
+            "autotune_list": {"listed": sum(s.listed for s in listed),
+                              "measured": sum(s.listed_measured for s in listed)},
+            "win_rates": {f"{a}<={b}": _rate(shapes, a, b) for a, b in WIN_RATES}}
+
+
+@dataclass
+class ShippedEval:
+    """The comparison on one card × regime.  ``learned`` / ``transfer``: the priors whose
+    shape-out picks fill those columns (None: not evaluated)."""
+
+    gpu: str
+    regime: str
+    shapes: list[ShippedShape]
+    learned: str | None = None
+    transfer: str | None = None
+
+    @property
+    def has_shipped(self) -> bool:
+        """Whether any shape has a shipped configuration or a baseline measured."""
+        return any(m in s.picks for s in self.shapes
+                   for m in ("heuristic", "autotune_list", "torch", "compile"))
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted({s.kind for s in self.shapes})
+
+    def summary(self, kind: str | None = None) -> dict[str, Any]:
+        return summarize_shipped([s for s in self.shapes if kind is None or s.kind == kind])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "regime": self.regime, "within": WITHIN, "top_k": list(TOP_K),
+                "learned": self.learned, "transfer": self.transfer,
+                "summary": self.summary(),
+                "kinds": {k: self.summary(k) for k in self.kinds},
+                "shapes": [s.to_json() for s in self.shapes]}
+
+
+def walk_order(scores: Sequence[float], values: Sequence[float]) -> list[int]:
+    """Row indices in a prior's order: lowest score first; tied scores slowest first, so a
+    prior that cannot tell rows apart is never credited with the faster of them."""
+    return sorted(range(len(scores)), key=lambda i: (scores[i], -values[i]))
+
+
+def _prior_picks(result: ShapeResult, name: str, best: float, top_k: Sequence[int] = ()
+                 ) -> dict[str, Pick]:
+    order = walk_order(result.scores, result.values)
+    if not order:
+        return {}
+    values, specs = result.values, result.specs
+    to_within = next(n for n, i in enumerate(order, 1) if values[i] <= WITHIN * best
+                     or n == len(order))
+    reached = values[order[to_within - 1]] <= WITHIN * best
+    first = order[0]
+    out = {name: Pick(specs[first], values[first], values[first] / best,
+                      to_within if reached else None)}
+    for k in top_k:
+        i = min(order[:k], key=lambda j: values[j])
+        out[f"{name}_top{k}"] = Pick(specs[i], values[i], values[i] / best)
+    return out
+
+
+def _shape_of(row: Row) -> Mapping[str, Any] | None:
+    shape = row.get("shape_spec") or row.get("shape")
+    return shape if isinstance(shape, Mapping) else None
+
+
+def _shipped_specs(kind: str, shape: Mapping[str, Any] | None, gpu: str
+                   ) -> tuple[str | None, list[str]] | None:
+    """(the heuristic's spec or None, the autotune list's specs) of a shape on card ``gpu``;
+    None when the card is not in the catalog, runs the interpreter, or the shape is unknown."""
+    from harness.cards import INTERPRET, UnknownCardError, by_name
+    from harness.points import make_spec
+
+    if shape is None:
+        return None
+    try:
+        card = by_name(gpu)
+    except UnknownCardError:
+        return None
+    if card.regime == INTERPRET:
+        return None
+    try:
+        h = shipped.heuristic(kind, shape, card)
+        listed = shipped.autotune_list(kind, shape, card)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (make_spec(h) if h else None), [make_spec(k) for k in listed]
+
+
+def compare_shipped_shape(rows: Sequence[Row], *, learned: ShapeResult | None = None,
+                          transfer: ShapeResult | None = None,
+                          shipped_specs: tuple[str | None, list[str]] | None = None
+                          ) -> ShippedShape:
+    """Every method on one shape's measured rows (configurations and baselines); ``learned``
+    / ``transfer``: the priors' results on the shape; ``shipped_specs``: the heuristic's spec
+    and the autotune list's (:func:`harness.shipped.heuristic`, :func:`~harness.shipped.autotune_list`
+    as specs), None where the card has none."""
+    configs = [r for r in rows if not _is_baseline(r)]
+    kind, shape_id = _shape(rows[0])
+    best_row = min(configs, key=lambda r: float(r["value_us"]))
+    best = float(best_row["value_us"])
+    out = ShippedShape(kind=kind, shape_id=shape_id, n_rows=len(configs),
+                       best_spec=str(best_row["spec"]), best_us=best)
+    for name, result, top_k in ((LEARNED, learned, TOP_K), (TRANSFER, transfer, ())):
+        got = _prior_picks(result, name, best, top_k) if result is not None else {}
+        if result is not None and len(set(result.scores)) == 1:
+            out.alike.append(name)
+        out.picks.update(got)
+        for m in (name, *(f"{name}_top{k}" for k in top_k)):
+            if m not in got:
+                out.missing[m] = NOT_EVALUATED
+    by_spec: dict[str, float] = {}
+    for r in configs:  # a spec measured twice counts at its slower time
+        spec, v = str(r["spec"]), float(r["value_us"])
+        by_spec[spec] = max(v, by_spec.get(spec, v))
+    if shipped_specs is None:
+        out.missing["heuristic"] = out.missing["autotune_list"] = NO_CARD
+    else:
+        h_spec, listed = shipped_specs
+        if h_spec is None:
+            out.missing["heuristic"] = NO_RULE
+        elif h_spec not in by_spec:
+            out.missing["heuristic"] = NOT_MEASURED
+        else:
+            v = by_spec[h_spec]
+            out.picks["heuristic"] = Pick(h_spec, v, v / best, 1 if v <= WITHIN * best else None)
+        measured = [s for s in listed if s in by_spec]
+        out.listed, out.listed_measured = len(listed), len(measured)
+        if not listed:
+            out.missing["autotune_list"] = NO_LIST
+        elif not measured:
+            out.missing["autotune_list"] = NOT_MEASURED
+        else:
+            s = min(measured, key=lambda x: by_spec[x])
+            v = by_spec[s]
+            out.picks["autotune_list"] = Pick(s, v, v / best,
+                                              len(measured) if v <= WITHIN * best else None)
+    for name in shipped.BASELINES:
+        spec = f"{shipped.BASELINE_KNOB}={name}"
+        times = [float(r["value_us"]) for r in rows if r["spec"] == spec]
+        if times:
+            out.picks[name] = Pick(spec, max(times), max(times) / best)
+        else:
+            out.missing[name] = NOT_MEASURED
+    return out
+
+
+def _shape_out(block: CardEval, prior: str | None) -> dict[ShapeKey, ShapeResult]:
+    for e in block.evals:
+        if e.prior == prior and e.mode == SHAPE_OUT:
+            return {(s.kind, s.shape_id): s for s in e.shapes}
+    return {}
+
+
+def compare_shipped(rows: Iterable[Row], blocks: Sequence[CardEval], *,
+                    learned: str = LEARNED, transfer: str = TRANSFER) -> list[ShippedEval]:
+    """Per card × regime of ``blocks`` (the results of :func:`evaluate` on ``rows``): every
+    evaluated shape set against what people ship.  The learned and transfer columns come from
+    the priors named ``learned`` and ``transfer`` in shape-out mode (absent when they were not
+    evaluated); the heuristic, the autotune list and the baselines from the measured rows."""
+    groups: dict[tuple[str, str], dict[ShapeKey, list[Row]]] = defaultdict(
+        lambda: defaultdict(list))
+    for r in rows:
+        if _measured(r):
+            groups[(str(r["gpu"]), str(r.get("regime")))][_shape(r)].append(r)
+    out = []
+    for b in blocks:
+        card_groups = groups.get((b.gpu, b.regime), {})
+        learned_results = _shape_out(b, learned)
+        transfer_results = _shape_out(b, transfer)
+        shapes = []
+        for key in b.evaluated:
+            rs = card_groups.get(key, [])
+            if not any(not _is_baseline(r) for r in rs):
+                continue
+            specs = _shipped_specs(key[0], next((s for r in rs if (s := _shape_of(r))), None),
+                                   b.gpu)
+            shapes.append(compare_shipped_shape(rs, learned=learned_results.get(key),
+                                                transfer=transfer_results.get(key),
+                                                shipped_specs=specs))
+        out.append(ShippedEval(b.gpu, b.regime, shapes,
+                               learned=learned if learned_results else None,
+                               transfer=transfer if transfer_results else None))
+    return out
+
+
+COLUMNS = {"learned": "learned", "learned_top3": "top-3", "learned_top8": "top-8",
+           "heuristic": "heuristic", "autotune_list": "autotune", "transfer": "transfer",
+           "torch": "torch", "compile": "compile"}
+"""Each method's column title in the tables."""
+
+
+def _mm(entry: Mapping[str, Any]) -> str:
+    if entry["n"] == 0:
+        return "-"
+    return f"{entry['regret_mean']:.2f}/{entry['regret_median']:.2f}"
+
+
+def _win(rate: Mapping[str, Any]) -> str:
+    return "-" if not rate["n"] else f"{rate['wins']}/{rate['n']}"
+
+
+def format_shipped(evals: Sequence[ShippedEval]) -> str:
+    """The comparison tables: per card × regime, one line per method over every shape, then
+    one line per kind of mean/median regret per method and the win rates."""
+    lines: list[str] = []
+    for ev in evals:
+        total = ev.summary()
+        lines.append(f"[{ev.gpu}] against what people ship ({ev.regime}, {total['n_shapes']} "
+                     f"shapes): regret = time of the pick / best measured configuration")
+        head = (f"  {'method':<14} {'shapes':>6} {'mean':>7} {'median':>7} {'worst':>7} "
+                f"{'within ' + format(WITHIN - 1, '.0%'):>10} {'measured':>8}  not picked")
+        lines += [head, "  " + "-" * (len(head) - 2)]
+        for m in METHODS:
+            e = total["methods"][m]
+            within = f"{e['within']}/{e['n']}" if m in WALKS and e["n"] else "-"
+            walked = _f(e.get("to_within_median"), 1)
+            missing = ", ".join(f"{why} {n}" for why, n in e["missing"].items())
+            lines.append(f"  {m:<14} {e['n']:>6} {_f(e['regret_mean']):>7} "
+                         f"{_f(e['regret_median']):>7} {_f(e['regret_worst']):>7} "
+                         f"{within:>10} {walked:>8}  {missing}".rstrip())
+        lines.append(f"  'measured': median measurements to come within {WITHIN - 1:.0%} of "
+                     "the best, over the shapes that do")
+        listed = total["autotune_list"]
+        if listed["listed"]:
+            lines.append(f"  autotune list: {listed['measured']} of the {listed['listed']} "
+                         "configurations listed for these shapes measured")
+        cols = "".join(f" {COLUMNS[m]:>10}" for m in METHODS)
+        (a1, b1), (a2, b2) = WIN_RATES
+        w1, w2 = f"{COLUMNS[a1]}<={COLUMNS[b1][:4]}", f"{COLUMNS[a2]}<={COLUMNS[b2][:4]}"
+        head = f"  {'kind':<12} {'shapes':>6}{cols} {w1:>13} {w2:>13}"
+        lines += ["  mean/median regret per kind:", head, "  " + "-" * (len(head) - 2)]
+        for kind, s in [*((k, ev.summary(k)) for k in ev.kinds), ("all", total)]:
+            cells = "".join(f" {_mm(s['methods'][m]):>10}" for m in METHODS)
+            rates = [s["win_rates"][f"{a}<={b}"] for a, b in WIN_RATES]
+            lines.append(f"  {kind:<12} {s['n_shapes']:>6}{cells} {_win(rates[0]):>13} "
+                         f"{_win(rates[1]):>13}")
+        for a, b in WIN_RATES:
+            r = total["win_rates"][f"{a}<={b}"]
+            lines.append(f"  {a} at least as fast as {b}: "
+                         + (f"{r['wins']} of {r['n']} shapes ({r['rate']:.0%})" if r["n"]
+                            else "no shape has both"))
+        for m in (LEARNED, TRANSFER):
+            n = total["methods"][m]["scored_alike"]
+            if n:
+                lines.append(f"  {m} scored every row alike on {n} of the shapes (it has no "
+                             "opinion there): its pick is the slowest row")
+        if ev.learned is None:
+            lines.append(f"  the {LEARNED} prior was not evaluated (--prior {LEARNED} adds it)")
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 # ---------------------------------------------------------------- from a node DB

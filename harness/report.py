@@ -8,7 +8,11 @@ Per card × regime:
   distance of its spec to the nearest anchor of that shape (any card's);
 - ``priors-<card>.png``: one panel per prior × mode: predicted against measured µs on log
   axes for priors that predict times, else the measured time over the best against the
-  row's rank in the prior's order inside its shape.
+  row's rank in the prior's order inside its shape;
+- ``shipped-<card>.png``, where the table holds shipped configurations or baselines
+  (:func:`harness.evaluate.compare_shipped`): per kind, the mean regret of each method (the
+  learned prior's top-1, top-3 and top-8, the shipped heuristic, the autotune list, the
+  transfer prior, torch and torch.compile) on a log axis.
 
 ``index.html`` gathers them with the eval tables: plain HTML, images referenced by file name,
 no scripts, styles or fonts from anywhere else.  Matplotlib draws through its Agg canvas
@@ -27,9 +31,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.evaluate import CardEval, PriorEval
+from harness.evaluate import (
+    COLUMNS,
+    METHODS,
+    WALKS,
+    WIN_RATES,
+    WITHIN,
+    CardEval,
+    PriorEval,
+    ShippedEval,
+    compare_shipped,
+)
 from harness.goldens import Anchor
 from harness.points import SpecError, knob_distance, parse_spec
+from harness.shipped import is_baseline
 
 Row = Mapping[str, Any]
 SLICE_ORDER = ("own", "cross", "tail")
@@ -64,7 +79,7 @@ def coverage(rows: Iterable[Row]) -> dict[tuple[str, str], dict[tuple[str, str],
 def anchor_distances(rows: Iterable[Row], anchors: Iterable[Anchor]
                      ) -> list[tuple[int, float, str]]:
     """(distance to the nearest anchor of the shape, time / shape's best, slice) per ok row
-    of a shape that has an anchor."""
+    of a shape that has an anchor.  Baseline rows are not configurations: left out."""
     by_shape: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
     for a in anchors:
         try:
@@ -73,7 +88,8 @@ def anchor_distances(rows: Iterable[Row], anchors: Iterable[Anchor]
             continue
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for r in rows:
-        if r.get("status") == "ok" and (r["kind"], r["shape_id"]) in by_shape:
+        if (r.get("status") == "ok" and (r["kind"], r["shape_id"]) in by_shape
+                and not is_baseline(str(r.get("spec") or ""))):
             groups[(r["kind"], r["shape_id"])].append(r)
     out = []
     for key, rs in groups.items():
@@ -179,6 +195,44 @@ def plot_priors(path: Path, title: str, evals: Sequence[PriorEval]) -> Path:
     return path
 
 
+METHOD_STYLE = {
+    "learned": ("#1f77b4", "o"), "learned_top3": ("#6baed6", "o"),
+    "learned_top8": ("#c6dbef", "o"), "heuristic": ("#d62728", "s"),
+    "autotune_list": ("#ff7f0e", "s"), "transfer": ("#9467bd", "^"),
+    "torch": ("#2ca02c", "D"), "compile": ("#7f7f7f", "D"),
+}
+
+
+def plot_shipped(path: Path, title: str, ev: ShippedEval) -> Path:
+    """Mean regret per kind (and over all shapes) of every method, as points on a log axis."""
+    groups = [(k, ev.summary(k)) for k in ev.kinds] + [("all", ev.summary())]
+    fig = _figure(max(7.0, 1.1 * len(groups) + 2.5), 4.4)
+    ax = fig.add_subplot()
+    width = 0.8 / len(METHODS)
+    for j, m in enumerate(METHODS):
+        xs, ys = [], []
+        for x, (_, s) in enumerate(groups):
+            mean = s["methods"][m]["regret_mean"]
+            if mean is not None:
+                xs.append(x - 0.4 + width * (j + 0.5))
+                ys.append(mean)
+        color, marker = METHOD_STYLE[m]
+        ax.scatter(xs, ys, s=30, color=color, marker=marker, edgecolors="black",
+                   linewidths=0.4, label=m.replace("_top", " top-"), zorder=3)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    for x in range(1, len(groups)):
+        ax.axvline(x - 0.5, color="#dddddd", linewidth=0.6)
+    ax.set_yscale("log")
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    ax.set_xticks(range(len(groups)), [f"{k}\n({s['n_shapes']})" for k, s in groups],
+                  fontsize=8)
+    ax.set_ylabel("mean regret (time / best configuration)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    fig.savefig(path)
+    return path
+
+
 # ---------------------------------------------------------------- index.html
 
 
@@ -208,6 +262,60 @@ def _eval_table(block: CardEval) -> str:
     return "\n".join(out)
 
 
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _shipped_table(ev: ShippedEval) -> str:
+    total = ev.summary()
+    head = ("<tr><th>method</th><th>shapes</th><th>regret mean</th><th>median</th>"
+            f"<th>worst</th><th>within {WITHIN - 1:.0%}</th><th>measurements to "
+            f"{WITHIN - 1:.0%} (median)</th><th>not picked</th></tr>")
+    body = []
+    for m in METHODS:
+        e = total["methods"][m]
+        within = f"{e['within']}/{e['n']}" if m in WALKS and e["n"] else "-"
+        missing = ", ".join(f"{why} {n}" for why, n in e["missing"].items())
+        cells = [m, str(e["n"]), _num(e["regret_mean"]), _num(e["regret_median"]),
+                 _num(e["regret_worst"]), within, _num(e.get("to_within_median"), 1), missing]
+        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    kinds_head = ("<tr><th>kind</th><th>shapes</th>"
+                  + "".join(f"<th>{html.escape(COLUMNS[m])}</th>" for m in METHODS)
+                  + "".join(f"<th>{html.escape(a)} &le; {html.escape(b)}</th>"
+                            for a, b in WIN_RATES) + "</tr>")
+    kinds_body = []
+    for kind, s in [*((k, ev.summary(k)) for k in ev.kinds), ("all", total)]:
+        cells = [kind, str(s["n_shapes"])]
+        for m in METHODS:
+            e = s["methods"][m]
+            cells.append("-" if not e["n"] else
+                         f"{e['regret_mean']:.2f} / {e['regret_median']:.2f}")
+        for a, b in WIN_RATES:
+            r = s["win_rates"][f"{a}<={b}"]
+            cells.append("-" if not r["n"] else f"{r['wins']}/{r['n']} ({r['rate']:.0%})")
+        kinds_body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+                          + "</tr>")
+    listed = total["autotune_list"]
+    notes = [f"Regret = measured time of the method's pick / best measured configuration of "
+             f"the shape (torch and torch.compile below 1: faster than every configuration "
+             f"measured). Measurements to {WITHIN - 1:.0%}: rows measured in the method's "
+             "order until one is within that of the best."]
+    if listed["listed"]:
+        notes.append(f"Autotune list: {listed['measured']} of the {listed['listed']} "
+                     "configurations listed for these shapes measured.")
+    for m in ("learned", "transfer"):
+        n = total["methods"][m]["scored_alike"]
+        if n:
+            notes.append(f"{m} scored every row alike on {n} of the shapes (it has no opinion "
+                         "there): its pick is the slowest row.")
+    if ev.learned is None:
+        notes.append("The learned prior was not evaluated: its columns are empty.")
+    return "\n".join([f"<table>{head}{''.join(body)}</table>",
+                      f"<p>Mean / median regret per kind, and win rates:</p>"
+                      f"<table>{kinds_head}{''.join(kinds_body)}</table>",
+                      *(f"<p>{html.escape(n)}</p>" for n in notes)])
+
+
 _STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}"
           "table{border-collapse:collapse;margin:1em 0}"
           "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
@@ -221,6 +329,7 @@ def write_report(out_dir: Path, rows: Sequence[Row], blocks: Sequence[CardEval],
     out_dir.mkdir(parents=True, exist_ok=True)
     cov = coverage(rows)
     by_card = {(b.gpu, b.regime): b for b in blocks}
+    versus = {(e.gpu, e.regime): e for e in compare_shipped(rows, blocks) if e.has_shipped}
     sections = []
     for gpu, reg in sorted(cov):
         name = slug(gpu, reg)
@@ -243,6 +352,14 @@ def write_report(out_dir: Path, rows: Sequence[Row], blocks: Sequence[CardEval],
             parts.append(f'<img src="{img.name}" alt="priors on {html.escape(gpu)}">')
         elif block is not None:
             parts.append(f"<p>No shape has {block.min_rows} ok rows: nothing to evaluate.</p>")
+        ev = versus.get((gpu, reg))
+        if ev is not None:
+            img = plot_shipped(out_dir / f"shipped-{name}.png",
+                               f"{gpu} ({reg}): mean regret per kind against what people ship",
+                               ev)
+            parts.append(f"<h3>Against what people ship</h3>{_shipped_table(ev)}"
+                         f'<img src="{img.name}" alt="shipped configurations on '
+                         f'{html.escape(gpu)}">')
         else:
             parts.append(f"<p>Priors not evaluated on {html.escape(reg)} rows "
                          f"(this report evaluates the {html.escape(regime)} regime; "

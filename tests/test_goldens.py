@@ -30,7 +30,8 @@ def _row(spec: str, value: float, *, gpu: str = "NVIDIA H200 141GB", regime: str
 def test_best_anchor_is_fastest_ok_deployable_with_variance_tiebreak() -> None:
     rows = [_row("A=1", 5.0), _row("A=2", 4.0, variance=0.5), _row("A=3", 4.0, variance=0.2),
             _row("A=4", 1.0, regime="interpret"), _row("A=5", 1.0, status="bench_fail"),
-            _row("A=6", 0.5, gpu="NVIDIA L40S")]
+            _row("A=6", 0.5, gpu="NVIDIA L40S"), _row("baseline=torch", 0.5),
+            _row("baseline=compile", 0.4)]  # faster, but no configuration: never an anchor
     (a,) = best_anchors(rows, "NVIDIA H200 141GB")
     assert a.spec == "A=3" and a.value_us == 4.0
 

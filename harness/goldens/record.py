@@ -12,10 +12,15 @@ from harness.goldens import ANCHOR_DIR, Anchor, load_anchor_file, write_anchor_f
 
 def best_anchors(rows: Iterable[Mapping[str, Any]], gpu: str) -> list[Anchor]:
     """Per (kind, shape): the fastest ok row of ``gpu`` in the deployable regime; ties go to
-    the lower variance.  Interpret rows and failures are never anchors."""
+    the lower variance.  Interpret rows, failures and baselines (``baseline=torch``: no
+    configuration) are never anchors."""
+    from harness.shipped import is_baseline
+
     best: dict[tuple[str, str], Mapping[str, Any]] = {}
     for r in rows:
         if r["gpu"] != gpu or r.get("regime") != DEPLOYABLE or r.get("status") != "ok":
+            continue
+        if is_baseline(str(r.get("spec") or "")):
             continue
         if r.get("value_us") is None:
             continue
