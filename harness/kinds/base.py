@@ -30,9 +30,11 @@ def cdiv(a: int, b: int) -> int:
 
 # The tile and launch knobs every matmul-like kind (matmul, mlp_geglu, norm_linear,
 # linear_norm) sweeps on a real GPU; a kind adds its own knobs between the two.
+# BLOCK_K 256 and GROUP_M 32 and 64 are in vLLM's tuned configs (harness/goldens/vllm.py).
 GEMM_TILES: dict[str, list[Any]] = {"BLOCK_M": [16, 32, 64, 128, 256],
                                     "BLOCK_N": [16, 32, 64, 128, 256],
-                                    "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 4, 8, 16]}
+                                    "BLOCK_K": [16, 32, 64, 128, 256],
+                                    "GROUP_M": [1, 4, 8, 16, 32, 64]}
 GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
 
 
