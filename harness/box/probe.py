@@ -6,6 +6,7 @@ import os
 import platform
 import re
 import subprocess
+from dataclasses import dataclass
 from typing import Any
 
 from harness.cards import DEPLOYABLE, INTERPRET, INTERPRETER, Card, canonicalize
@@ -95,3 +96,149 @@ def card_from_probe(info: dict[str, Any]) -> Card:
                 smem_per_sm=info.get("smem_per_sm") or smem, l2_bytes=info.get("l2_bytes") or 0,
                 mem_gb=(info.get("mem_bytes") or 0) / 1e9, mem_bw_gbs=0.0,
                 peak_fp16_tflops=0.0, peak_fp32_tflops=0.0)
+
+
+# -- measuring lanes: one bench worker per GPU of the box (``--box-gpus``) -------------------------
+class LaneError(ValueError):
+    """``--box-gpus`` names GPUs this box cannot give (or is not a valid value at all)."""
+
+
+BoxGpus = str | int | tuple[int, ...]  # "all", a count, or GPU indices
+BOX_GPUS_FORMS = ("all (every GPU of the box), N (the first N GPUs, e.g. 2) or a comma list of "
+                  "GPU indices as nvidia-smi numbers them (e.g. 0,2,3)")
+
+
+def parse_box_gpus(value: str) -> BoxGpus:
+    """``--box-gpus``: ``"all"``, a count ``N`` (at least 1) or a list of distinct GPU indices
+    (``0,2,3``: a comma makes it a list, so one GPU by its index is ``3,``)."""
+    text = str(value).strip().lower()
+    if text == "all":
+        return "all"
+    if "," not in text:
+        if not text.isdigit() or int(text) < 1:
+            raise LaneError(f"--box-gpus={value}: not a number of GPUs; give {BOX_GPUS_FORMS}")
+        return int(text)
+    words = [w.strip() for w in text.split(",")]
+    if words[-1] == "" and len(words) > 1:  # "3,": one GPU by its index
+        words = words[:-1]
+    bad = [w for w in words if not w.isdigit()]
+    if bad:
+        raise LaneError(f"--box-gpus={value}: {bad[0] or 'an empty entry'!s} is not a GPU index; "
+                        f"give {BOX_GPUS_FORMS}")
+    indices = tuple(int(w) for w in words)
+    twice = sorted({i for i in indices if indices.count(i) > 1})
+    if twice:
+        raise LaneError(f"--box-gpus={value} names GPU {', '.join(map(str, twice))} more than "
+                        "once; name each GPU once (one lane per GPU)")
+    return indices
+
+
+def format_box_gpus(want: BoxGpus) -> str:
+    """The option's value as written back on a command line."""
+    if isinstance(want, tuple):
+        return ",".join(map(str, want)) + ("," if len(want) == 1 else "")
+    return str(want)
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One measuring lane of the box: its number (0, 1, …; rows say it as ``lane``) and the GPU
+    its bench worker is pinned to.  ``gpu_index`` None: the box's default device (one lane, as
+    ever) or the interpreter on the CPU."""
+
+    index: int
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    gpu_name: str | None = None
+
+    def env(self) -> dict[str, str]:
+        """The environment that pins the lane's worker to its GPU.  By UUID where it is known:
+        CUDA's own order of devices need not be nvidia-smi's."""
+        if self.gpu_uuid:
+            return {"CUDA_VISIBLE_DEVICES": self.gpu_uuid}
+        if self.gpu_index is not None:
+            return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(self.gpu_index)}
+        return {}
+
+    def describe(self) -> str:
+        if self.gpu_index is None:
+            return f"lane {self.index}"
+        return f"lane {self.index} on GPU {self.gpu_index} ({self.gpu_uuid or self.gpu_name})"
+
+
+ONE_LANE = (Lane(0),)
+
+
+def list_gpus(run: Any = subprocess.run) -> list[tuple[int, str, str]]:
+    """The box's GPUs as nvidia-smi lists them: (index, name, uuid); [] without nvidia-smi."""
+    try:
+        out = run(["nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader"],
+                  capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    gpus = []
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            gpus.append((int(parts[0]), ",".join(parts[1:-1]), parts[-1]))
+    return gpus
+
+
+def gpu_lanes(want: BoxGpus, listed: list[tuple[int, str, str]]) -> tuple[Lane, ...]:
+    """The lanes ``--box-gpus`` asks for among the box's GPUs (``list_gpus``).  One lane
+    (``1``) is the box's default device, pinned to nothing, as a box of one GPU always was."""
+    if want == 1:
+        return ONE_LANE
+    value = format_box_gpus(want)
+    have = ", ".join(str(i) for i, _, _ in listed) or "none"
+    if not listed:
+        raise LaneError(f"--box-gpus={value}: nvidia-smi lists no GPU on this box; give "
+                        "--box-gpus=1 (the default)")
+    if want == "all":
+        chosen = listed
+    elif isinstance(want, int):
+        if want > len(listed):
+            raise LaneError(f"--box-gpus={value}: this box has {len(listed)} GPU(s) ({have}); "
+                            f"give at most --box-gpus={len(listed)}, or --box-gpus=all")
+        chosen = listed[:want]
+    else:
+        by_index = {g[0]: g for g in listed}
+        missing = [i for i in want if i not in by_index]
+        if missing:
+            raise LaneError(f"--box-gpus={value}: no GPU {', '.join(map(str, missing))} on this "
+                            f"box; its GPUs are {have}")
+        chosen = [by_index[i] for i in want]
+    return tuple(Lane(n, index, uuid or None, name)
+                 for n, (index, name, uuid) in enumerate(chosen))
+
+
+def cpu_lanes(want: BoxGpus) -> tuple[Lane, ...]:
+    """On a box without a GPU the interpreter stands in: ``N`` lanes are N interpreter
+    workers, ``all`` is one."""
+    if isinstance(want, tuple):
+        raise LaneError(f"--box-gpus={format_box_gpus(want)} names GPU indices, but this box "
+                        "measures on the CPU (the Triton interpreter); give a number of lanes, "
+                        "e.g. --box-gpus=2")
+    n = 1 if want == "all" else int(want)
+    return tuple(Lane(i) for i in range(n))
+
+
+def check_lanes_card(lanes: tuple[Lane, ...], card: Card) -> None:
+    """Every lane's GPU is the box's card (the merge labels their rows with it): a GPU of
+    another card is refused, naming the GPUs of the box's card."""
+    other = []
+    for lane in lanes:
+        if lane.gpu_name is None:
+            continue
+        known = canonicalize(lane.gpu_name)
+        if (known.name if known else " ".join(lane.gpu_name.split())) != card.name:
+            other.append(lane)
+    if other:
+        same = [str(lane.gpu_index) for lane in lanes if lane not in other]
+        fix = (f"name the GPUs of that card, e.g. --box-gpus={','.join(same)}"
+               + ("," if len(same) == 1 else "")) if same else "give --box-gpus=1"
+        names = "; ".join(f"GPU {lane.gpu_index} is {lane.gpu_name}" for lane in other)
+        raise LaneError(f"--box-gpus: {names}, not the box's card {card.name}; one box measures "
+                        f"one card: {fix}")
