@@ -8,12 +8,17 @@
 - :class:`JobStats`: what the job measured and where its time went, and its summary.
 
 They hold no process, GPU or file of their own except :class:`Durable`'s rows file and ledger,
-so each is tested on a fake clock (``tests/test_job_parts.py``).
+so each is tested on a fake clock (``tests/test_job_parts.py``).  A box measuring on several
+GPUs runs one lane per GPU, each a thread with its own bench worker; the lanes share one
+:class:`Scheduler`, one :class:`Allotment` and one :class:`Durable`, which is why the scheduler
+and the rows and ledger take a lock (``tests/test_lanes.py``), and each lane counts in a
+:class:`JobStats` of its own (:meth:`JobStats.combine` sums them for the summary).
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,7 +38,8 @@ class Scheduler:
 
     ``next_batch`` keeps ``lookahead`` batches planned beyond the one it hands out (each
     submitted to the compile pool when it is planned) and returns the oldest; ``settle`` drops
-    the points of a measured batch that no longer need a run."""
+    the points of a measured batch that no longer need a run.  Both take the scheduler's lock:
+    a batch goes to one lane, and a point is in at most one batch at a time."""
 
     def __init__(self, points: Iterable[pools.Point], batch: int, rng: random.Random,
                  compile_pool: Any = None, lookahead: int = 0) -> None:
@@ -46,10 +52,12 @@ class Scheduler:
         self.lookahead = lookahead
         self.planned: deque[tuple[str, list[pools.Point]]] = deque()
         self.in_flight: set[str] = set()
+        self.lock = threading.RLock()
 
     @property
     def left(self) -> int:
-        return sum(len(v) for v in self.remaining.values())
+        with self.lock:
+            return sum(len(v) for v in self.remaining.values())
 
     def _draw(self) -> bool:
         """Plan one more batch: a shape drawn in proportion to its points not yet planned."""
@@ -74,20 +82,22 @@ class Scheduler:
         return True
 
     def next_batch(self) -> tuple[str, list[pools.Point]] | None:
-        while len(self.planned) <= self.lookahead and self._draw():
-            pass
-        return self.planned.popleft() if self.planned else None
+        with self.lock:
+            while len(self.planned) <= self.lookahead and self._draw():
+                pass
+            return self.planned.popleft() if self.planned else None
 
     def settle(self, sid: str, batch: list[pools.Point],
                needs_run: Callable[[pools.Point], bool]) -> None:
         """The batch was measured (or cut): its points leave the flight; those still needing a
         run (not reached, or a retry left) stay for a later batch."""
-        self.in_flight.difference_update(p.key for p in batch)
-        kept = [p for p in self.remaining.get(sid, []) if needs_run(p)]
-        if kept:
-            self.remaining[sid] = kept
-        else:
-            self.remaining.pop(sid, None)
+        with self.lock:
+            self.in_flight.difference_update(p.key for p in batch)
+            kept = [p for p in self.remaining.get(sid, []) if needs_run(p)]
+            if kept:
+                self.remaining[sid] = kept
+            else:
+                self.remaining.pop(sid, None)
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,8 @@ class Durable:
     """A job's rows and ledger on disk.  ``record`` writes a point's row at once and only then
     marks it in the ledger (a point whose row could not be written is never marked); ``tick``
     syncs the rows and saves the ledger when a save is due: every ``every_s`` and at least 20
-    times a save's own time apart (the ledger of a long run is large)."""
+    times a save's own time apart (the ledger of a long run is large).  Every call takes the
+    lock, so the lanes of a job write whole rows and never save a ledger halfway marked."""
 
     def __init__(self, rows: Any, ledger: Ledger, ledger_path: Path, clock: Clock,
                  save_ledger: Callable[[Ledger, Path], None], every_s: float) -> None:
@@ -142,26 +153,32 @@ class Durable:
         self.next_save = clock() + every_s
         self.save_s = 0.0
         self.saves = 0
+        self.lock = threading.RLock()
 
     def record(self, row: dict[str, Any], regime: str) -> None:
-        self.rows.write(row)
-        self.ledger.mark(row["point_key"], row["spec"], regime, row["status"], row.get("error"))
+        with self.lock:
+            self.rows.write(row)
+            self.ledger.mark(row["point_key"], row["spec"], regime, row["status"],
+                             row.get("error"))
 
     def tick(self) -> None:
-        if self.clock() >= self.next_save:
-            self.save()
+        with self.lock:
+            if self.clock() >= self.next_save:
+                self.save()
 
     def save(self) -> None:
-        t = self.clock()
-        self.rows.sync()
-        self._save_ledger(self.ledger, self.ledger_path)
-        took = self.clock() - t
-        self.save_s += took
-        self.saves += 1
-        self.next_save = self.clock() + max(self.every_s, 20 * took)
+        with self.lock:
+            t = self.clock()
+            self.rows.sync()
+            self._save_ledger(self.ledger, self.ledger_path)
+            took = self.clock() - t
+            self.save_s += took
+            self.saves += 1
+            self.next_save = self.clock() + max(self.every_s, 20 * took)
 
     def close(self) -> None:
-        self.rows.close()
+        with self.lock:
+            self.rows.close()
 
 
 @dataclass
@@ -173,6 +190,23 @@ class JobStats:
     phases: Counter[str] = field(default_factory=Counter)  # the worker's account, by phase
     ready: list[float] = field(default_factory=list)  # seconds each worker start took
     batches: int = 0
+    lane_benched: list[int] = field(default_factory=list)  # per lane, when several measured
+
+    @classmethod
+    def combine(cls, lanes: list[JobStats]) -> JobStats:
+        """The job's statistics from its lanes': counts, times and batches summed (times are
+        then lane-seconds), start-up the first lane's to start measuring."""
+        out = cls(lane_benched=[s.benched for s in lanes])
+        for s in lanes:
+            out.counts.update(s.counts)
+            out.times.update({k: v for k, v in s.times.items() if k != "startup"})
+            out.phases.update(s.phases)
+            out.ready.extend(s.ready)
+            out.batches += s.batches
+        started = [s.times["startup"] for s in lanes if s.times["startup"]]
+        if started:
+            out.times["startup"] = min(started)
+        return out
 
     def started_measuring(self, elapsed_s: float) -> None:
         if self.times["startup"] == 0:
@@ -211,6 +245,8 @@ class JobStats:
         return {"benched": self.benched, "ok": self.counts["ok"],
                 "failed": self.benched - self.counts["ok"], "statuses": dict(self.counts),
                 "batches": self.batches, "elapsed_s": round(elapsed_s, 2), "budget_s": budget_s,
+                "lanes": max(1, len(self.lane_benched)),
+                "lane_benched": self.lane_benched or [self.benched],
                 "over_budget_s": round(elapsed_s - budget_s, 2) if budget_s else None,
                 "compiled_ahead": int(t["compiled_ahead"]),
                 "remeasured": int(t["remeasured"]),
