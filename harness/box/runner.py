@@ -20,6 +20,7 @@ import secrets
 import select
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,7 +29,18 @@ from typing import Any
 
 from harness import pools, shipped
 from harness.box.job import Allotment, Durable, JobStats, Scheduler
-from harness.box.probe import FORCE_INTERPRET_ENV, card_from_probe, probe
+from harness.box.probe import (
+    FORCE_INTERPRET_ENV,
+    ONE_LANE,
+    Lane,
+    card_from_probe,
+    check_lanes_card,
+    cpu_lanes,
+    gpu_lanes,
+    list_gpus,
+    parse_box_gpus,
+    probe,
+)
 from harness.cards import DEPLOYABLE, INTERPRET
 from harness.ledger import Ledger
 from harness.shipped import is_baseline
@@ -48,8 +60,10 @@ class Worker:
     """The bench worker process; restarted when it dies or hangs."""
 
     def __init__(self, regime: str, warmup: int, iters: int, seed: int, log_path: Path,
-                 max_cv: float = 0.05, remeasure: int = 2) -> None:
+                 max_cv: float = 0.05, remeasure: int = 2,
+                 env: dict[str, str] | None = None) -> None:
         self.regime = regime
+        self.env = dict(env or {})  # over the box's environment: a lane's GPU (Lane.env)
         self.args = [sys.executable, "-m", "harness.box", "worker", "--warmup", str(warmup),
                      "--iters", str(iters), "--seed", str(seed), "--max-cv", str(max_cv),
                      "--remeasure", str(remeasure),
@@ -60,7 +74,7 @@ class Worker:
         self._served = 0
 
     def _start(self) -> subprocess.Popen[str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         if self.regime == INTERPRET:
             env["TRITON_INTERPRET"] = "1"
         log = open(self.log_path, "a")  # noqa: SIM115 - owned by the child
@@ -70,12 +84,19 @@ class Worker:
         log.close()
         return self.proc
 
-    def sibling(self, log_path: Path) -> Worker:
-        """Another worker like this one (its own process, its own log)."""
+    def sibling(self, log_path: Path, env: dict[str, str] | None = None) -> Worker:
+        """Another worker like this one (its own process, its own log), on this one's GPU or,
+        given ``env``, on the GPU that environment pins it to."""
         other = Worker.__new__(Worker)
         other.regime, other.args, other.log_path = self.regime, list(self.args), log_path
+        other.env = dict(self.env if env is None else env)
         other.proc, other.restarts, other._served = None, 0, 0
         return other
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id while it runs."""
+        return self.proc.pid if self.proc and self.proc.poll() is None else None
 
     def start(self) -> None:
         """Start the worker now rather than at the first point."""
@@ -232,14 +253,18 @@ class JobConfig:
     max_cv: float = 0.05
     remeasure: int = 2
     baselines: str = "torch,compile"  # --baselines: which baselines the own slice measures
+    box_gpus: str = "1"  # --box-gpus: the GPUs the tools measure on, one lane each
     run_id: str = field(default_factory=new_run_id)
 
 
 def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any],
              card_feats: dict[str, Any], shape_feats: dict[str, Any], run_id: str,
              timing: dict[str, Any],
-             gpu: tuple[dict[str, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A point's row; ``timing``: the worker's warmup, iters and max_cv."""
+             gpu: tuple[dict[str, Any], dict[str, Any]] | None = None, *, lane: int = 0,
+             gpu_uuid: str | None = None) -> dict[str, Any]:
+    """A point's row; ``timing``: the worker's warmup, iters and max_cv; ``lane`` and
+    ``gpu_uuid``: the lane that measured it and its GPU (default: the probe's GPU).  ``gpu``,
+    the card's name, is every lane's: their rows merge as one card's."""
     features = {**card_feats, **shape_feats, **point.knobs, **res.get("compile", {})}
     before, after = gpu or ({}, {})
     return {
@@ -252,7 +277,8 @@ def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any],
         "compile_s": res.get("compile_s"), "bench_s": res.get("bench_s"),
         "run_id": run_id, "measured_at": utc_now(),
         "provenance": {"host": info.get("host"), "device_name": info.get("device_name"),
-                       "gpu_uuid": info.get("gpu_uuid"), **info.get("versions", {}),
+                       "gpu_uuid": gpu_uuid or info.get("gpu_uuid"), "lane": lane,
+                       **info.get("versions", {}),
                        "warmup": timing["warmup"], "iters": timing["iters"],
                        "max_cv": timing["max_cv"],
                        "cv": res.get("cv"), "remeasured": res.get("remeasured"),
@@ -283,89 +309,128 @@ def _pool_target() -> tuple[str, int, int] | None:
 
 @dataclass
 class Tools:
-    """What jobs measure with: the probe of the box, the compile pool and the bench worker.
+    """What jobs measure with: the probe of the box, the compile pool and the bench workers,
+    one per measuring lane (``--box-gpus``: one lane per GPU, each worker pinned to its GPU;
+    the interpreter stands in for them on a box without a GPU).
 
     A job started alone (``python -m harness.box run``) makes its own and closes them at its
     end; the box service (:mod:`harness.box.service`) makes them once and keeps them warm for
     every job of the session.  Where the box likely has a GPU, the pool (warming up) and the
-    worker (starting torch and CUDA) start before the probe, in parallel with it."""
+    workers (starting torch and CUDA) start before the probe, in parallel with it."""
 
     info: dict[str, Any]
     card: Any
     pool: Any
-    worker: Worker
+    worker: Worker  # lane 0's
     warmup: int
     iters: int
     remeasure: int
     owns_pool: bool = False
-    baseline_worker: Any = None  # torch.compile's own, made at its first point
+    baseline_worker: Any = None  # torch.compile's own (lane 0's), made at its first point
+    lanes: tuple[Lane, ...] = ONE_LANE
+    lane_workers: list[Any] = field(default_factory=list)  # lanes 1, 2, …
+    lane_baselines: dict[int, Any] = field(default_factory=dict)  # lanes 1, 2, …
 
-    def worker_for(self, knobs: Any) -> Any:
-        """The bench worker for a point.  torch.compile's baselines run in a worker of their
-        own: Inductor changes the process it compiles in (its environment, compile threads,
-        Triton's cache folder), and the worker that times the Triton kernels must not see it
-        (in one process, every later kernel's first launch compiled again)."""
+    @property
+    def workers(self) -> list[Any]:
+        """Every lane's bench worker, lane 0's first."""
+        return [self.worker, *self.lane_workers]
+
+    def worker_for(self, knobs: Any, lane: int = 0) -> Any:
+        """The bench worker for a point on a lane.  torch.compile's baselines run in a worker
+        of their own, on the lane's GPU: Inductor changes the process it compiles in (its
+        environment, compile threads, Triton's cache folder), and the worker that times the
+        Triton kernels must not see it (in one process, every later kernel's first launch
+        compiled again)."""
+        worker = self.worker if lane == 0 else self.lane_workers[lane - 1]
         if knobs.get(shipped.BASELINE_KNOB) != "compile":
-            return self.worker
-        if self.baseline_worker is None:
-            log = getattr(self.worker, "log_path", None)
-            self.baseline_worker = self.worker.sibling(
-                log.with_name("worker-compile.log") if log else Path("worker-compile.log"))
-        return self.baseline_worker
+            return worker
+        made = self.baseline_worker if lane == 0 else self.lane_baselines.get(lane)
+        if made is None:
+            log = getattr(worker, "log_path", None)
+            name = "worker-compile.log" if lane == 0 else f"worker-compile-lane{lane}.log"
+            made = worker.sibling(log.with_name(name) if log else Path(name))
+            if lane == 0:
+                self.baseline_worker = made
+            else:
+                self.lane_baselines[lane] = made
+        return made
 
     @classmethod
     def start(cls, cfg: JobConfig, worker_log: Path, compile_pool: Any = None) -> Tools:
+        """The tools of ``cfg``; a ``--box-gpus`` this box cannot give (too many GPUs, an index
+        it has not, a GPU of another card) raises :class:`~harness.box.probe.LaneError`
+        before anything is measured."""
         from harness.box.compiler import CompilePool, default_workers
 
+        want = parse_box_gpus(cfg.box_gpus)
         n_pool = default_workers() if cfg.compile_workers is None else cfg.compile_workers
-        pool, worker, made = compile_pool, None, False  # made: started early, here
+        pool, workers, made = compile_pool, [], False  # made: started early, here
+        lanes: tuple[Lane, ...] | None = None
         if compile_pool is None and gpu_likely():
+            lanes = gpu_lanes(want, list_gpus() if want != 1 else [])
             pool = CompilePool(n_pool, target=_pool_target()) if n_pool > 0 else None
             made = pool is not None
             if pool is not None:
                 pool.warm()
-            worker = Worker(DEPLOYABLE, cfg.warmup, cfg.iters, cfg.seed, worker_log,
-                            max_cv=cfg.max_cv, remeasure=cfg.remeasure)
-            worker.start()
+            workers = [Worker(DEPLOYABLE, cfg.warmup, cfg.iters, cfg.seed,
+                              _lane_log(worker_log, lane), max_cv=cfg.max_cv,
+                              remeasure=cfg.remeasure, env=lane.env()) for lane in lanes]
+            for w in workers:
+                w.start()
         try:
             info = probe()
             card = card_from_probe(info)
+            if info["regime"] == INTERPRET:
+                lanes = cpu_lanes(want)
+            elif lanes is None:
+                lanes = gpu_lanes(want, list_gpus() if want != 1 else [])
+            check_lanes_card(lanes, card)
         except BaseException:
-            _close_early(pool if made else None, worker)
+            _close_early(pool if made else None, workers)
             raise
         regime = info["regime"]
         if regime == INTERPRET:  # CPU timings: few calls, not worth timing again
             warmup, iters, remeasure = 1, 3, 0
-            if made:
-                _close_early(pool, worker)
-                pool, worker, made = None, None, False
+            if made or workers:
+                _close_early(pool if made else None, workers)
+                pool, workers, made = (None if made else pool), [], False
         else:
             warmup, iters, remeasure = cfg.warmup, cfg.iters, cfg.remeasure
             if pool is None and compile_pool is None and n_pool > 0:
                 pool, made = CompilePool(n_pool, target=_pool_target()), True
-        if worker is None:
-            worker = Worker(regime, warmup, iters, cfg.seed, worker_log, max_cv=cfg.max_cv,
-                            remeasure=remeasure)
+        if not workers:
+            workers = [Worker(regime, warmup, iters, cfg.seed, _lane_log(worker_log, lane),
+                              max_cv=cfg.max_cv, remeasure=remeasure, env=lane.env())
+                       for lane in lanes]
         # tools started for one job close their pool with the job, one handed in too
-        return cls(info=info, card=card, pool=pool, worker=worker, warmup=warmup, iters=iters,
-                   remeasure=remeasure, owns_pool=pool is not None)
+        return cls(info=info, card=card, pool=pool, worker=workers[0], warmup=warmup,
+                   iters=iters, remeasure=remeasure, owns_pool=pool is not None, lanes=lanes,
+                   lane_workers=workers[1:])
 
     @property
     def regime(self) -> str:
         return str(self.info["regime"])
 
     def close(self) -> None:
-        self.worker.close()
-        if self.baseline_worker is not None:
-            self.baseline_worker.close()
+        for w in (*self.workers, self.baseline_worker, *self.lane_baselines.values()):
+            if w is not None:
+                w.close()
         if self.owns_pool and self.pool is not None:
             self.pool.close()
 
 
-def _close_early(pool: Any, worker: Any) -> None:
+def _lane_log(worker_log: Path, lane: Lane) -> Path:
+    """Lane 0's worker logs to ``worker.log``, lane N's to ``worker-laneN.log``."""
+    if lane.index == 0:
+        return worker_log
+    return worker_log.with_name(f"{worker_log.stem}-lane{lane.index}{worker_log.suffix}")
+
+
+def _close_early(pool: Any, workers: list[Any]) -> None:
     if pool is not None:
         pool.close()
-    if worker is not None:
+    for worker in workers:
         worker.close()
 
 
@@ -421,14 +486,20 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     def needs_run(p: pools.Point) -> bool:
         return ledger.needs_run(p.key, regime, cfg.max_attempts)
 
+    n_lanes = len(tools.lanes)
+    # each lane's next batch compiles while it measures one: a batch ahead per lane more
     sched = Scheduler([p for p in points if needs_run(p)], cfg.batch, random.Random(cfg.seed),
-                      pool, -(-2 * n_compile // max(1, cfg.batch)) if pool is not None else 0)
+                      pool, -(-2 * n_compile // max(1, cfg.batch)) + n_lanes - 1
+                      if pool is not None else 0)
+    lanes_note = f"; {n_lanes} lanes" if n_lanes > 1 else ""
     print(f"[sweep] card {tools.card.name} ({regime}); job {cfg.slice}-{cfg.kind}: "
           f"{sched.left} of {len(points)} points to measure; budget {cfg.budget_s:.0f}s; "
-          f"{n_compile or 'no'} compile-ahead processes; run {cfg.run_id}", file=log, flush=True)
-    restarts_before = tools.worker.restarts
-    if sched.left:  # its start-up (torch, CUDA) overlaps the pool's first compiles
-        tools.worker.start()
+          f"{n_compile or 'no'} compile-ahead processes{lanes_note}; run {cfg.run_id}",
+          file=log, flush=True)
+    restarts_before = sum(w.restarts for w in tools.workers)
+    if sched.left:  # their start-up (torch, CUDA) overlaps the pool's first compiles
+        for worker in tools.workers:
+            worker.start()
     stats = JobStats()
     store = Durable(RowsWriter(cfg.rows_path), ledger, cfg.ledger_path, clock, _save_ledger,
                     LEDGER_SAVE_S)
@@ -461,7 +532,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                "points_total": len(points), "points_done": done,
                **stats.summary(elapsed_s=elapsed, budget_s=cfg.budget_s,
                                ledger_saves_s=store.save_s),
-               "worker_restarts": tools.worker.restarts - restarts_before,
+               "worker_restarts": sum(w.restarts for w in tools.workers) - restarts_before,
                "compile_workers": n_compile,
                # what the pool compiled for without asking CUDA (None: Triton asked the GPU)
                "compile_target": list(t) if (t := getattr(pool, "target", None)) else None,
@@ -487,61 +558,174 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
 def _measure(cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment, store: Durable,
              stats: JobStats, should_stop: Any, needs_run: Any, log: Any) -> str:
     """The job's loop: batch after batch until the pool, the allotment or a stop ends it;
-    returns why it ended."""
-    from harness import kinds as registry
-    from harness.box.gpustate import GpuState
+    returns why it ended.  One lane measures in this thread; several measure in a thread each
+    (:class:`_Lanes`), and ``stats`` then holds their sum."""
+    job = _Lanes(cfg, tools, sched, time_, store, should_stop, needs_run, log)
+    if len(tools.lanes) == 1:
+        return job.lane(tools.lanes[0], stats)
+    return job.run_all(stats)
 
-    info, regime, pool = tools.info, tools.regime, tools.pool
-    timing = {"warmup": tools.warmup, "iters": tools.iters, "max_cv": cfg.max_cv}
-    kind = registry.get(cfg.kind)
-    card_feats = tools.card.features()
-    gpu_state = GpuState(info.get("gpu_uuid")) if regime != INTERPRET else None
 
-    def asked() -> bool:
-        return should_stop is not None and bool(should_stop())
+class _Lanes:
+    """What the lanes of one job share, and each lane's loop: take the next batch (under the
+    job's lock: a batch goes to one lane), measure its points with the lane's own worker,
+    record each row (under the lock: whole rows, a mark only after its row), settle the batch.
 
-    while True:
-        if time_.spent():
-            return "budget spent"
-        if asked():
-            return "stopped on request"
-        planned = sched.next_batch()
-        if planned is None:
-            return "pool exhausted"
-        sid, batch = planned
-        stats.started_measuring(time_.elapsed_s())
-        stats.batches += 1
-        tb = time_.clock()
-        statuses: list[str] = []
-        shape_feats = kind.shape_features(batch[0].shape)
-        state = gpu_state.read() if gpu_state else {}
-        cut = False
-        for p in batch:
-            if time_.spent() or asked():
-                cut = True  # no point starts once the allotment is spent or a stop asked
-                break
-            res, cut = _measure_point(p, cfg, pool, tools.worker_for(p.knobs), time_, stats)
-            if res is None:  # the allotment ran out while its compile was awaited
-                break
-            after = gpu_state.read() if gpu_state else {}
-            row = make_row(p, res, info, card_feats, shape_feats, cfg.run_id, timing,
-                           (state, after))
-            state = after
-            # written at once: a job killed mid-batch keeps the points it measured; a point
-            # whose row could not be written is never marked in the ledger
-            store.record(row, regime)
-            statuses.append(res["status"])
-            stats.measured(res)
+    A lane that finds nothing to take while another lane measures waits for it: that lane may
+    hand points back (a crash with a retry left).  A lane whose worker dies restarts it alone
+    at its next point (:class:`Worker`); a lane that fails (a rows file it cannot write) halts
+    the others after their current point, and the job then fails as a job of one lane does."""
+
+    def __init__(self, cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment,
+                 store: Durable, should_stop: Any, needs_run: Any, log: Any) -> None:
+        from harness import kinds as registry
+
+        self.cfg, self.tools, self.sched, self.time_ = cfg, tools, sched, time_
+        self.store, self.should_stop, self.needs_run, self.log = store, should_stop, needs_run, log
+        self.kind = registry.get(cfg.kind)
+        self.card_feats = tools.card.features()
+        self.timing = {"warmup": tools.warmup, "iters": tools.iters, "max_cv": cfg.max_cv}
+        self.guard = threading.Condition(threading.Lock())
+        self.halt = threading.Event()  # set under ``guard``: no row is recorded after it
+        self.busy = 0  # lanes measuring a batch
+        self.batches = 0  # batches handed out, every lane's
+        self.lane_stats: list[JobStats] = []
+
+    def asked(self) -> bool:
+        return self.should_stop is not None and bool(self.should_stop())
+
+    def run_all(self, stats: JobStats) -> str:
+        """Every lane in a thread of its own; returns why the job ended once they all have."""
+        self.lane_stats = [JobStats() for _ in self.tools.lanes]
+        ends: dict[int, str] = {}
+        errors: list[BaseException] = []
+
+        def run(lane: Lane) -> None:
+            try:
+                ends[lane.index] = self.lane(lane, self.lane_stats[lane.index])
+            except BaseException as exc:  # noqa: BLE001 - handed to the job's thread
+                with self.guard:
+                    errors.append(exc)
+                    self.halt.set()
+                    self.guard.notify_all()
+
+        threads = [threading.Thread(target=run, args=(lane,), daemon=True,
+                                    name=f"lane-{lane.index}") for lane in self.tools.lanes]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)  # short joins: a signal reaches this thread between them
+        except BaseException:  # a signal: the lanes record nothing more, the job's clean-up runs
+            with self.guard:
+                self.halt.set()
+                self.guard.notify_all()
+            raise
+        finally:
+            combined = JobStats.combine(self.lane_stats)
+            for name in ("counts", "times", "phases"):
+                getattr(stats, name).update(getattr(combined, name))
+            stats.ready.extend(combined.ready)
+            stats.batches += combined.batches
+            stats.lane_benched = combined.lane_benched
+        if errors:
+            raise errors[0]
+        reasons = set(ends.values())
+        for reason in ("budget spent", "stopped on request"):
+            if reason in reasons:
+                return reason
+        return "pool exhausted"
+
+    def _take(self) -> tuple[str, list[pools.Point]] | str:
+        """The next batch for a lane, or why the lane ends.  Called under ``guard``."""
+        while True:
+            if self.halt.is_set():
+                return "halted"
+            if self.time_.spent():
+                return "budget spent"
+            if self.asked():
+                return "stopped on request"
+            planned = self.sched.next_batch()
+            if planned is not None:
+                self.busy += 1
+                self.batches += 1
+                return planned
+            if self.busy == 0:
+                return "pool exhausted"
+            self.guard.wait(0.5)
+
+    def lane(self, lane: Lane, stats: JobStats) -> str:
+        """One lane's loop; returns why it ended."""
+        from harness.box.gpustate import GpuState
+
+        cfg, tools, time_ = self.cfg, self.tools, self.time_
+        info, regime, pool = tools.info, tools.regime, tools.pool
+        several = len(tools.lanes) > 1
+        gpu_uuid = lane.gpu_uuid or info.get("gpu_uuid")
+        gpu_state = GpuState(gpu_uuid) if regime != INTERPRET else None
+        while True:
+            with self.guard:
+                planned = self._take()
+                number = self.batches
+            if isinstance(planned, str):
+                return planned
+            sid, batch = planned
+            stats.started_measuring(time_.elapsed_s())
+            stats.batches += 1
+            tb = time_.clock()
+            statuses: list[str] = []
+            shape_feats = self.kind.shape_features(batch[0].shape)
+            state = gpu_state.read() if gpu_state else {}
+            cut, settled = False, False
+            try:
+                for p in batch:
+                    if time_.spent() or self.asked():
+                        cut = True  # no point starts once the allotment is spent or a stop asked
+                        break
+                    res, cut = _measure_point(p, cfg, pool, tools.worker_for(p.knobs, lane.index),
+                                              time_, stats)
+                    if res is None:  # the allotment ran out while its compile was awaited
+                        break
+                    after = gpu_state.read() if gpu_state else {}
+                    row = make_row(p, res, info, self.card_feats, shape_feats, cfg.run_id,
+                                   self.timing, (state, after), lane=lane.index,
+                                   gpu_uuid=lane.gpu_uuid)
+                    state = after
+                    with self.guard:
+                        if self.halt.is_set():  # the job is ending: this point is measured again
+                            return "halted"
+                        # written at once: a job killed mid-batch keeps the points it measured;
+                        # a point whose row could not be written is never marked in the ledger
+                        self.store.record(row, regime)
+                        stats.measured(res)
+                    statuses.append(res["status"])
+                    if cut:
+                        break
+                with self.guard:
+                    self.store.tick()
+                    # settled and no longer busy in one step: a lane waiting for points sees
+                    # the ones this batch hands back
+                    self.sched.settle(sid, batch, self.needs_run)
+                    self.busy -= 1
+                    settled = True
+                    self.guard.notify_all()
+                    progress = JobStats.combine(self.lane_stats).progress() if several \
+                        else stats.progress()
+                    on = f" on lane {lane.index}" if several else ""
+                    print(f"[batch {number}] {cfg.slice} {cfg.kind} {sid}{on}: "
+                          f"{statuses.count('ok')}/{len(statuses)} ok "
+                          f"({time_.clock() - tb:.1f}s) statuses={statuses} | {progress}, "
+                          f"left {self.sched.left}, {max(0.0, time_.left_s()):.0f}s of budget "
+                          "left", file=self.log, flush=True)
+            finally:
+                if not settled:  # ended by an error or the job's end: the others go on alone
+                    with self.guard:
+                        self.busy -= 1
+                        self.guard.notify_all()
             if cut:
-                break
-        store.tick()
-        sched.settle(sid, batch, needs_run)
-        print(f"[batch {stats.batches}] {cfg.slice} {cfg.kind} {sid}: {statuses.count('ok')}/"
-              f"{len(statuses)} ok ({time_.clock() - tb:.1f}s) statuses={statuses} | "
-              f"{stats.progress()}, left {sched.left}, "
-              f"{max(0.0, time_.left_s()):.0f}s of budget left", file=log, flush=True)
-        if cut:
-            return "stopped on request" if not time_.spent() and asked() else "budget spent"
+                return "stopped on request" if not time_.spent() and self.asked() \
+                    else "budget spent"
 
 
 def _measure_point(p: pools.Point, cfg: JobConfig, pool: Any, worker: Any, time_: Allotment,
