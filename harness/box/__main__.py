@@ -151,15 +151,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                     point_timeout_s=args.point_timeout_s, warmup=args.warmup, iters=args.iters,
                     compile_workers=args.compile_workers, max_cv=args.max_cv,
                     remeasure=args.remeasure, baselines=args.baselines,
-                    run_id=args.run_id or new_run_id())
+                    box_gpus=args.box_gpus, run_id=args.run_id or new_run_id())
     # tmux kill-session hangs up the pane, a controller may terminate: either ends the job
     # through its clean-up, which keeps the marks of the rows already written
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     from harness.box import process_age_s
+    from harness.box.probe import LaneError
 
-    # the job's time counts from its process's start: imports, probe and pool build too
-    run_job(cfg, started=time.monotonic() - process_age_s())
+    try:  # the job's time counts from its process's start: imports, probe and pool build too
+        run_job(cfg, started=time.monotonic() - process_age_s())
+    except LaneError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 
@@ -180,18 +184,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          ledger_path=run_dir / "ledger.json", seed=args.seed,
                          warmup=args.warmup, iters=args.iters,
                          compile_workers=args.compile_workers, max_cv=args.max_cv,
-                         remeasure=args.remeasure)
+                         remeasure=args.remeasure, box_gpus=args.box_gpus)
 
     def ended(signum: int, frame: object) -> None:
         raise _Ended(signum)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, ended)
+    from harness.box.probe import LaneError
+
     try:
         return Service(run_dir, defaults, idle_s=args.idle_s,
                        service_dir=Path(args.service_dir) if args.service_dir else None).serve()
     except _Ended as exc:
         return 128 + int(exc.args[0])
+    except LaneError as exc:  # the GPUs asked for are not this box's to give
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -206,6 +215,13 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--filter", default=None)
     p.add_argument("--baselines", default="torch,compile")
     p.add_argument("--max-attempts", type=int, default=2)
+
+
+def _lane_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--box-gpus", default="1",
+                   help="measure on these GPUs of the box, one lane (a pinned bench worker) "
+                        "each: all, N (the first N) or indices 0,2,3 (default 1); on a box "
+                        "without a GPU, N interpreter lanes")
 
 
 def _noise_args(p: argparse.ArgumentParser) -> None:
@@ -254,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
                         "cores; 0: the bench worker compiles each point itself)")
     _noise_args(p)
     _pool_args(p)
+    _lane_args(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("serve", help="the session's box service: runs the jobs the controller "
                                       "asks for, its compile pool and bench worker kept warm")
@@ -267,6 +284,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--compile-workers", type=int, default=None)
     _noise_args(p)
+    _lane_args(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("worker", help="(internal) the bench worker: JSON lines on stdin/stdout")
     p.add_argument("--device", default="cuda")
@@ -286,6 +304,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --warmup below 5 or --iters below 20 is under the measurement quality "
               "bar (the interpreter regime uses its own small counts)", file=sys.stderr)
         return 2
+    if args.cmd in ("run", "serve"):
+        from harness.box.probe import LaneError, parse_box_gpus
+
+        try:
+            parse_box_gpus(args.box_gpus)
+        except LaneError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return args.func(args)
 
 

@@ -14,9 +14,11 @@ disk cannot stop the service from saying a job failed):
   ``--idle-s`` and no job runs, the service ends (its controller is gone);
 - ``quit``: end now (the session is over).
 
-``ready.json`` says the service is up (its pid, card and regime).  A kernel that kills the
-bench worker costs that point (the worker restarts); a job that fails (a full disk) is
-reported failed and the service takes the next one.  Stdlib + torch + triton only.
+``ready.json`` says the service is up (its pid, card, regime and measuring lanes).  With
+``--box-gpus`` the service measures on several GPUs of the box, one lane (a bench worker pinned
+to its GPU) each, and every job is shared by all of them.  A kernel that kills a bench worker
+costs that point (that lane's worker restarts); a job that fails (a full disk) is reported
+failed and the service takes the next one.  Stdlib + torch + triton only.
 """
 
 from __future__ import annotations
@@ -74,8 +76,13 @@ class Service:
             _write_json(self.dir / "ready.json", {
                 "pid": os.getpid(), "card": tools.card.name, "regime": tools.regime,
                 "start_s": round(time.monotonic() - t, 2),
-                "compile_workers": tools.pool.workers if tools.pool is not None else 0})
-            print(f"[service] up on {tools.card.name} ({tools.regime}) in "
+                "compile_workers": tools.pool.workers if tools.pool is not None else 0,
+                "lanes": [{"lane": lane.index, "gpu_index": lane.gpu_index,
+                           "gpu_uuid": lane.gpu_uuid} for lane in tools.lanes]})
+            lanes = (f" with {len(tools.lanes)} lanes ("
+                     + ", ".join(lane.describe() for lane in tools.lanes) + ")"
+                     if len(tools.lanes) > 1 else "")
+            print(f"[service] up on {tools.card.name} ({tools.regime}){lanes} in "
                   f"{time.monotonic() - t:.1f}s; waiting for jobs", file=self.log, flush=True)
             while not (self.dir / "quit").exists():
                 req = self._pending()
@@ -102,7 +109,7 @@ class Service:
             for k in ("rows_path", "ledger_path", "summary_path"):
                 fields[k] = Path(fields[k])
             base = {k: getattr(self.defaults, k) for k in ("warmup", "iters", "compile_workers",
-                                                          "max_cv", "remeasure")}
+                                                          "max_cv", "remeasure", "box_gpus")}
             cfg = JobConfig(**{**base, **fields})
             summary = run_job(cfg, log=self.log, tools=tools, started=started,
                               should_stop=stop_file.exists)
