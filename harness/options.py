@@ -63,12 +63,14 @@ class RunOptions:
     remeasure: int
     numprocesses: Any = None
     remote_target: Any = field(default=None, compare=False)  # --remote, parsed
+    box_gpus: str = "1"  # --box-gpus, checked and written the one way: "all", "2", "0,2"
 
     @classmethod
     def from_config(cls, o: Any, *, gpus: list[str], shares: dict[str, float],
                     db: Path | None, report_json: Path | None, remote: Any) -> RunOptions:
         """From pytest's parsed options, once they are checked."""
         from harness import shipped
+        from harness.box.probe import format_box_gpus, parse_box_gpus
         from harness.store import default_db_path
 
         state = default_state_dir()
@@ -89,7 +91,8 @@ class RunOptions:
             tmux_socket=o.tmux_socket, poll_s=o.poll_s, timeout_s=o.timeout_s,
             point_timeout_s=o.point_timeout_s, compile_workers=o.compile_workers,
             max_cv=o.max_cv, remeasure=o.remeasure,
-            numprocesses=getattr(o, "numprocesses", None), remote_target=remote)
+            numprocesses=getattr(o, "numprocesses", None), remote_target=remote,
+            box_gpus=format_box_gpus(parse_box_gpus(getattr(o, "box_gpus", None) or "1")))
 
     @property
     def leases_dir(self) -> Path:
@@ -116,6 +119,8 @@ class RunOptions:
                 "--remeasure", str(self.remeasure)]
         if self.compile_workers is not None:
             args += ["--compile-workers", str(self.compile_workers)]
+        if self.box_gpus != "1":
+            args += ["--box-gpus", self.box_gpus]
         return args
 
     def report(self) -> dict[str, Any]:
@@ -129,5 +134,6 @@ class RunOptions:
                 "keyword": self.keyword,
                 "timeout_s": self.timeout_s, "point_timeout_s": self.point_timeout_s,
                 "compile_workers": self.compile_workers, "max_cv": self.max_cv,
-                "remeasure": self.remeasure, "no_merge": self.no_merge, "remote": self.remote,
+                "remeasure": self.remeasure, "box_gpus": self.box_gpus,
+                "no_merge": self.no_merge, "remote": self.remote,
                 "provider": self.provider, "numprocesses": self.numprocesses}

@@ -95,6 +95,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--compile-workers", type=int, default=None,
                 help="processes on the box that compile the coming points while the GPU measures "
                      "(default: the box's CPU cores less two, at most 16; 0: no compile-ahead)")
+    g.addoption("--box-gpus", default="1", metavar="all|N|LIST",
+                help="measure on several GPUs of one box, one lane (a bench worker pinned to its "
+                     "GPU) each, all fed from the same jobs: all, N (the first N GPUs) or GPU "
+                     "indices as nvidia-smi numbers them, e.g. 0,2,3 (default 1); every GPU "
+                     "must be the box's card; on a box without a GPU, N interpreter lanes")
     g.addoption("--max-cv", type=float, default=0.05,
                 help="time a point again when its timed calls' coefficient of variation is above "
                      "this (default 0.05)")
@@ -136,6 +141,12 @@ def _validate(config: pytest.Config) -> RunOptions:
     try:
         shipped.parse_baselines(o.baselines)
     except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    from harness.box.probe import LaneError, parse_box_gpus
+
+    try:  # its syntax here; which GPUs the box has, and their card, on the box
+        parse_box_gpus(o.box_gpus)
+    except LaneError as exc:
         raise pytest.UsageError(str(exc)) from None
     if not (math.isfinite(o.max_cv) and o.max_cv > 0):
         raise pytest.UsageError(f"--max-cv={o.max_cv:g}: must be a positive fraction, e.g. 0.05 "
