@@ -392,9 +392,9 @@ class Tools:
         regime = info["regime"]
         if regime == INTERPRET:  # CPU timings: few calls, not worth timing again
             warmup, iters, remeasure = 1, 3, 0
-            if made or workers:
+            if made or workers:  # started early for a GPU the probe did not find
                 _close_early(pool if made else None, workers)
-                pool, workers, made = (None if made else pool), [], False
+                pool, workers, made = None, [], False
         else:
             warmup, iters, remeasure = cfg.warmup, cfg.iters, cfg.remeasure
             if pool is None and compile_pool is None and n_pool > 0:
@@ -680,6 +680,8 @@ class _Lanes:
             cut, settled = False, False
             try:
                 for p in batch:
+                    if self.halt.is_set():
+                        return "halted"
                     if time_.spent() or self.asked():
                         cut = True  # no point starts once the allotment is spent or a stop asked
                         break
@@ -703,6 +705,8 @@ class _Lanes:
                     if cut:
                         break
                 with self.guard:
+                    if self.halt.is_set():  # the job's files may be closed already
+                        return "halted"
                     self.store.tick()
                     # settled and no longer busy in one step: a lane waiting for points sees
                     # the ones this batch hands back
