@@ -38,7 +38,7 @@ from harness.box.probe import (
     list_gpus,
     parse_box_gpus,
 )
-from harness.box.runner import JobConfig, RowsWriter, Tools, run_job
+from harness.box.runner import BoxWriteError, JobConfig, RowsWriter, Tools, run_job
 from harness.cards import INTERPRET, INTERPRETER
 from harness.ledger import Ledger
 from tests.runs import Run, box_rows, db_points
@@ -290,6 +290,29 @@ def test_a_stop_request_ends_every_lane_between_points(tmp_path: Path) -> None:
     rows = _rows(tmp_path / "rows.jsonl")
     assert summary["stop"] == "stopped on request"
     assert 10 <= len(rows) <= 11 and len({r["point_key"] for r in rows}) == len(rows)
+
+
+def test_a_lane_that_cannot_write_its_row_ends_the_job_and_every_lane_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = RowsWriter.write
+    writes = {"n": 0}
+
+    def write(self: RowsWriter, row: dict[str, Any]) -> None:
+        writes["n"] += 1
+        if writes["n"] > 5:
+            raise BoxWriteError("cannot write rows: No space left on device")
+        real_write(self, row)
+
+    monkeypatch.setattr(RowsWriter, "write", write)
+    workers = [LaneWorker(), LaneWorker()]
+    with pytest.raises(SystemExit, match="No space left"):
+        run_job(_fake_job(tmp_path), log=_null(), tools=_fake_tools(workers))
+    assert not [t for t in threading.enumerate() if t.name.startswith("lane-")]
+    rows = _rows(tmp_path / "rows.jsonl")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(rows) == 5 and summary["benched"] == 5 and "error" in summary
+    ledger = Ledger.load(tmp_path / "ledger.json")
+    assert {k for k in ledger if not ledger.needs_run(k, INTERPRET)} == {r["point_key"] for r in rows}
 
 
 # -- real interpreter workers, one per lane ---------------------------------------------------
