@@ -46,13 +46,19 @@ def process_start(pid: int) -> str:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs.  A zombie (killed, not yet reaped by its parent: an
+    orphan whose new parent does not reap) runs no more: its locks are free."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, another user's
+        pass
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return not stat or stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except IndexError:
         return True
-    return True
 
 
 @dataclass(frozen=True)

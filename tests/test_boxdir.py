@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,26 @@ def test_owner_of_a_live_process_a_gone_one_and_another_machine() -> None:
     reused = Owner.here("s")
     reused = Owner(reused.host, reused.machine, reused.pid, "boot:123", reused.started_at, "s")
     assert reused.gone() is True  # same pid, another start: another process
+
+
+def test_a_killed_controller_not_yet_reaped_holds_no_lock(tmp_path: Path) -> None:
+    """kill -9 of a controller whose parent does not reap it leaves a zombie: its pid still
+    answers, with its start time, but it runs no more."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = process_start(proc.pid)
+        zombie = Owner(**{**owner().__dict__, "pid": proc.pid, "pid_start": start})
+        held = BoxLock(LocalTransport(), str(tmp_path / "box"), zombie)
+        held.acquire()
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while (Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+               and time.monotonic() < deadline):
+            time.sleep(0.05)  # not waited for: a zombie until reaped
+        assert process_start(proc.pid) == start
+        mine = BoxLock(LocalTransport(), str(tmp_path / "box"), owner())
+        mine.acquire()
+        assert mine.held and "took over the lock of a run that is gone" in mine.notes[0]
+    finally:
+        proc.kill()
+        proc.wait()
