@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import INTERPRET, Card
-from harness.points import make_spec, parse_spec
+from harness.kinds.base import next_pow2
+from harness.points import make_spec
 
 BASELINE_KNOB = "baseline"
 BASELINES = ("torch", "compile")
@@ -75,10 +76,6 @@ def _attention_tutorial() -> tuple[tuple[int, int, int, int], ...]:
 ATTENTION_TUTORIAL = _attention_tutorial()
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def calculate_settings(n: int) -> tuple[int, int] | None:
     """(BLOCK_SIZE, num_warps) of the rule; None where it refuses (rows over 65536)."""
     block = next_pow2(n)
@@ -93,10 +90,6 @@ def is_baseline(spec_or_knobs: str | Mapping[str, Any]) -> bool:
     if isinstance(spec_or_knobs, str):
         return spec_or_knobs.startswith(f"{BASELINE_KNOB}=")
     return BASELINE_KNOB in spec_or_knobs
-
-
-def baseline_name(spec: str) -> str | None:
-    return parse_spec(spec).get(BASELINE_KNOB) if is_baseline(spec) else None
 
 
 def _clamp_tiles(knobs: dict[str, Any], shape: Mapping[str, Any], dims: Mapping[str, str]
@@ -120,19 +113,29 @@ def _row_config(kind: str, shape: Mapping[str, Any]) -> dict[str, Any] | None:
     return knobs
 
 
-def _gemm_config(kind: str, shape: Mapping[str, Any], cfg: tuple[int, ...]) -> dict[str, Any]:
-    bm, bn, bk, group, stages, warps = cfg
+def gemm_knobs(kind: str, shape: Mapping[str, Any], *, bm: int, bn: int, bk: int, group: int,
+               warps: int, stages: int) -> dict[str, Any]:
+    """A published GEMM configuration as ``kind``'s knobs for ``shape``, in the one spelling
+    the knob spaces hold: a tile larger than the problem is clamped to it, and a ``GROUP_M`` at
+    least twice the M tiles becomes the smallest power of two that holds them all (one group
+    either way: the same launch order).  The fused kinds take their plain variant (the norm
+    as its own pass, a GEMM program per tile)."""
     knobs: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
                              "num_warps": warps, "num_stages": stages}
     if kind == "norm_linear":
-        knobs["PROLOGUE"] = 0  # the norm as its own pass, then the tutorial's GEMM
+        knobs["PROLOGUE"] = 0
     if kind == "linear_norm":
         knobs["ROW_PROGRAM"] = 0
     _clamp_tiles(knobs, shape, {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K"})
     m_tiles = -(-shape["M"] // knobs["BLOCK_M"])
-    if knobs["GROUP_M"] > 1 and m_tiles <= knobs["GROUP_M"] // 2:
-        knobs["GROUP_M"] = 1  # grouping fewer M tiles than the group: the same launch order
+    if group > 1 and m_tiles <= group // 2:
+        knobs["GROUP_M"] = 1 if m_tiles == 1 else next_pow2(m_tiles)
     return knobs
+
+
+def _gemm_config(kind: str, shape: Mapping[str, Any], cfg: tuple[int, ...]) -> dict[str, Any]:
+    bm, bn, bk, group, stages, warps = cfg  # the tutorial's order
+    return gemm_knobs(kind, shape, bm=bm, bn=bn, bk=bk, group=group, warps=warps, stages=stages)
 
 
 def _attention_config(shape: Mapping[str, Any], cfg: tuple[int, ...]) -> dict[str, Any]:

@@ -229,7 +229,7 @@ def _tools(worker: Any, pool: Any = None, compile_worker: Any = None) -> Tools:
     card = cards.by_alias("h200")
     info = {"regime": INTERPRET, "cc": None, "card": card.name, "host": "here"}
     return Tools(info=info, card=card, pool=pool, worker=worker, warmup=1, iters=3, remeasure=0,
-                 baseline_worker=compile_worker)
+                 baseline_workers={0: compile_worker} if compile_worker else {})
 
 
 def _job(tmp_path: Path, **over: Any) -> JobConfig:

@@ -326,10 +326,10 @@ class Tools:
     iters: int
     remeasure: int
     owns_pool: bool = False
-    baseline_worker: Any = None  # torch.compile's own (lane 0's), made at its first point
     lanes: tuple[Lane, ...] = ONE_LANE
     lane_workers: list[Any] = field(default_factory=list)  # lanes 1, 2, …
-    lane_baselines: dict[int, Any] = field(default_factory=dict)  # lanes 1, 2, …
+    # lane → torch.compile's own worker on that lane's GPU, made at its first point
+    baseline_workers: dict[int, Any] = field(default_factory=dict)
 
     @property
     def workers(self) -> list[Any]:
@@ -345,16 +345,12 @@ class Tools:
         worker = self.worker if lane == 0 else self.lane_workers[lane - 1]
         if knobs.get(shipped.BASELINE_KNOB) != "compile":
             return worker
-        made = self.baseline_worker if lane == 0 else self.lane_baselines.get(lane)
-        if made is None:
+        if lane not in self.baseline_workers:
             log = getattr(worker, "log_path", None)
             name = "worker-compile.log" if lane == 0 else f"worker-compile-lane{lane}.log"
-            made = worker.sibling(log.with_name(name) if log else Path(name))
-            if lane == 0:
-                self.baseline_worker = made
-            else:
-                self.lane_baselines[lane] = made
-        return made
+            self.baseline_workers[lane] = worker.sibling(log.with_name(name) if log
+                                                         else Path(name))
+        return self.baseline_workers[lane]
 
     @classmethod
     def start(cls, cfg: JobConfig, worker_log: Path, compile_pool: Any = None) -> Tools:
@@ -413,9 +409,8 @@ class Tools:
         return str(self.info["regime"])
 
     def close(self) -> None:
-        for w in (*self.workers, self.baseline_worker, *self.lane_baselines.values()):
-            if w is not None:
-                w.close()
+        for w in (*self.workers, *self.baseline_workers.values()):
+            w.close()
         if self.owns_pool and self.pool is not None:
             self.pool.close()
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness import goldens
+from harness import goldens, shipped
 from harness.cards import DEPLOYABLE, Card, by_alias
 from harness.goldens import Anchor
 from harness.points import make_spec
@@ -69,27 +69,11 @@ def nearest_key(m: int, keys: Any) -> int:
     return min(sorted(keys), key=lambda k: abs(math.log(k) - math.log(max(1, m))))
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def to_knobs(kind: str, shape: Mapping[str, Any], cfg: tuple[int, ...]) -> dict[str, Any]:
-    """One vLLM entry as ``kind``'s knobs for ``shape``."""
-    bm, bn, bk, group, warps, stages = cfg
-    knobs: dict[str, Any] = {
-        "BLOCK_M": min(bm, max(16, _pow2_at_least(shape["M"]))),
-        "BLOCK_N": min(bn, max(16, _pow2_at_least(shape["N"]))),
-        "BLOCK_K": min(bk, max(16, _pow2_at_least(shape["K"]))),
-        "GROUP_M": group, "num_warps": warps, "num_stages": stages}
-    m_tiles = -(-shape["M"] // knobs["BLOCK_M"])
-    if group > 1 and m_tiles <= group // 2:
-        # one group holds every M tile: the smallest group that does launches alike
-        knobs["GROUP_M"] = 1 if m_tiles == 1 else _pow2_at_least(m_tiles)
-    if kind == "norm_linear":
-        knobs["PROLOGUE"] = 0
-    if kind == "linear_norm":
-        knobs["ROW_PROGRAM"] = 0
-    return knobs
+    """One vLLM entry as ``kind``'s knobs for ``shape`` (:func:`harness.shipped.gemm_knobs`)."""
+    bm, bn, bk, group, warps, stages = cfg  # vLLM's order
+    return shipped.gemm_knobs(kind, shape, bm=bm, bn=bn, bk=bk, group=group, warps=warps,
+                              stages=stages)
 
 
 def anchors_for(alias: str, shapes: list[goldens.GoldenShape] | None = None) -> list[Anchor]:
