@@ -78,7 +78,8 @@ class RunOptions:
             gpu=o.gpu, gpus=tuple(gpus), budget_s=o.budget_s,
             shares=MappingProxyType(dict(shares)), max_dist=o.max_dist, tail_cap=o.tail_cap,
             batch=o.batch, seed=o.seed, filter=o.filter,
-            baselines=",".join(shipped.parse_baselines(o.baselines)) or "none", keyword=getattr(o, "keyword", None) or None,
+            baselines=",".join(shipped.parse_baselines(o.baselines)) or "none",
+            keyword=getattr(o, "keyword", None) or None,
             db_path=db or default_db_path(),
             ledger_path=Path(o.ledger).expanduser() if o.ledger else state / "ledger.json",
             rows_dir=Path(o.rows_dir).expanduser() if o.rows_dir else state / "rows",
@@ -105,8 +106,7 @@ class RunOptions:
     def job_fields(self) -> dict[str, Any]:
         """What every job request carries besides its slice, kind and allotment."""
         return {"batch": self.batch, "seed": self.seed, "point_timeout_s": self.point_timeout_s,
-                "max_dist": self.max_dist, "tail_cap": self.tail_cap, "filter": self.filter,
-                "baselines": self.baselines}
+                **self.pool_fields()}
 
     def pool_fields(self) -> dict[str, Any]:
         """What decides a card's pool of points."""

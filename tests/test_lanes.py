@@ -129,7 +129,8 @@ def test_the_gpus_are_read_from_nvidia_smi_as_it_writes_them() -> None:
     out = "0, NVIDIA H200, GPU-aaaa\n1, NVIDIA H200, GPU-bbbb\n"
 
     def smi(argv: list[str], **_: Any) -> Any:
-        assert argv == ["nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader"]
+        assert argv == ["nvidia-smi", "--query-gpu=index,name,uuid",
+                        "--format=csv,noheader,nounits"]
         return SimpleNamespace(returncode=0, stdout=out)
 
     assert list_gpus(smi) == [(0, H200, "GPU-aaaa"), (1, H200, "GPU-bbbb")]

@@ -17,15 +17,22 @@ CARD_NAME_ENV = "EMMY_BOX_CARD_NAME"
 FORCE_INTERPRET_ENV = "EMMY_FORCE_INTERPRET"
 
 
-def _nvidia_smi(fields: str) -> list[str]:
+def _nvidia_smi_lines(fields: str, *extra: str, run: Any = subprocess.run) -> list[str]:
+    """nvidia-smi's CSV lines for ``fields`` (one per GPU); [] without nvidia-smi."""
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
-                              "-i", "0"], capture_output=True, text=True, timeout=20)
+        out = run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
+                   *extra], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
     if out.returncode != 0:
         return []
-    return [v.strip() for v in out.stdout.strip().split(",")]
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def _nvidia_smi(fields: str) -> list[str]:
+    """``fields`` of the first GPU of the machine."""
+    lines = _nvidia_smi_lines(fields, "-i", "0")
+    return [v.strip() for v in lines[0].split(",")] if lines else []
 
 
 def probe() -> dict[str, Any]:
@@ -171,15 +178,8 @@ ONE_LANE = (Lane(0),)
 
 def list_gpus(run: Any = subprocess.run) -> list[tuple[int, str, str]]:
     """The box's GPUs as nvidia-smi lists them: (index, name, uuid); [] without nvidia-smi."""
-    try:
-        out = run(["nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader"],
-                  capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
     gpus = []
-    for line in out.stdout.splitlines():
+    for line in _nvidia_smi_lines("index,name,uuid", run=run):
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 3 and parts[0].isdigit():
             gpus.append((int(parts[0]), ",".join(parts[1:-1]), parts[-1]))
