@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness import cards, pools
+from harness import cards, pools, shipped
 from harness.box.runner import new_run_id
 from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_args
 from harness.intake import owner_record, source, take_in_leftovers, write_owner
@@ -54,6 +54,9 @@ JOB_OVERHEAD_S = 2.0
 # Seconds a point takes where this card has no history yet: an H200 sweep of 300 s measured
 # 3348 points in 302 s of jobs; the interpreter on a 2-core machine about half a second.
 DEFAULT_S_PER_POINT = {"deployable": 0.09, "interpret": 0.5}
+# Seconds torch.compile's baseline of one shape takes where this card has none yet (Inductor's
+# compile and autotuning): 4 to 34 s a shape on an H200, median 6 s.
+DEFAULT_COMPILE_BASELINE_S = 10.0
 
 
 class BoxUnusable(BoxError):
@@ -234,8 +237,12 @@ class Collection:
         mine = [k for k in self.order if k[0] == gpu]
         counts = {j: sum(pool["remaining"][j.slice].get(j.kind, {}).values()) for _, j in mine}
         rates = self._rates(card.name, probe["regime"], {j.kind for _, j in mine})
+        heavy = pool.get("compile_baselines", {})
+        compile_s = self._compile_baseline_s(card.name, probe["regime"])
+        extra = {j: n * compile_s for _, j in mine
+                 if (n := sum(heavy.get(j.slice, {}).get(j.kind, {}).values()))}
         plan = BudgetPlan(self.opts.budget_s, self.shares, counts, order=[j for _, j in mine],
-                          s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S)
+                          s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S, extra_s=extra)
         if plan.order:  # (a run with nothing to measure needs no service)
             progress(f"box {transport.name}: starting the box service (tmux session "
                      "emmy-node-sweep)")
@@ -253,6 +260,16 @@ class Collection:
             with NodeStore(self.db_path) as store:
                 rates.update({k: v for k, v in store.paces(card, regime).items() if k in kinds})
         return rates
+
+    def _compile_baseline_s(self, card: str, regime: str) -> float:
+        """Seconds torch.compile's baseline of a shape takes on this card: the node table's
+        history, else a default."""
+        if self.merging:
+            with NodeStore(self.db_path) as store:
+                seen = store.point_cost(card, regime, shipped.COMPILE_SPEC)
+            if seen is not None:
+                return seen
+        return DEFAULT_COMPILE_BASELINE_S
 
     def _save_ledger(self) -> None:
         """Save the node table's ledger at ``--ledger`` (pushed to the box for this run): a
@@ -456,7 +473,8 @@ class Collection:
             key, box, allot, timeout, say, nodeid, res)
         box.plan.record(job, outcome.elapsed_s)
         benched = int(outcome.summary.get("benched") or 0)
-        if benched >= 20 and outcome.state == "done":  # this run's own pace, for later jobs
+        # this run's own pace, for later jobs (not from a job that measured compile baselines)
+        if benched >= 20 and outcome.state == "done" and not box.plan.extra_s.get(job):
             box.plan.learn(job.kind, max(0.0, outcome.elapsed_s - JOB_OVERHEAD_S) / benched)
         if outcome.state == "stopped" and by_option:
             outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"

@@ -11,10 +11,11 @@ ask :meth:`~BudgetPlan.allotment`, run the job for at most that long, and report
 be handed in on the way (:meth:`~BudgetPlan.learn`).  Allotments are water-filled from what is
 left of the budget every time one is asked for, so time flows both ways:
 
-* the slices still to run share what is left in proportion to their shares, but no slice
-  gets more than its jobs can use (their points times the seconds a point takes, with a
-  margin): what one cannot use goes to the others in proportion to their shares, *also to the
-  slice running now*, so own gets what cross and tail cannot use before they run;
+* the slices still to run share what is left in proportion to their shares (a slice that
+  has begun counts what its finished jobs spent against its share), but no slice gets more
+  than its jobs can use (their points times the seconds a point takes, with a margin): what
+  one cannot use goes to the others in proportion to their shares, *also to the slice running
+  now*, so own gets what cross and tail cannot use before they run;
 * inside a slice the kinds still to run share the slice's time equally, water-filled the same
   way, so a small kind gets what it needs and the biggest kind the rest;
 * a job that finishes early or overruns changes what is left, and so every later allotment;
@@ -117,14 +118,16 @@ class BudgetPlan:
     pool first (ties by kind name); jobs with no points and jobs of zero-share slices are left
     out.  :attr:`nominal` is each slice's share of the whole budget, renormalized over the
     slices that have a runnable job.  ``s_per_point`` (kind → seconds a point takes, or one
-    number for every kind) and ``job_overhead_s`` (a job's own start and end) let the
-    allotments follow what each job can use; see the module docstring.
+    number for every kind), ``extra_s`` (job → seconds its few costly points take beyond
+    that rate, e.g. ``torch.compile``'s baselines) and ``job_overhead_s`` (a job's own start
+    and end) let the allotments follow what each job can use; see the module docstring.
     """
 
     def __init__(self, budget_s: float, shares: Mapping[str, float], pool: Mapping[Job, int],
                  order: Sequence[Job] | None = None,
                  s_per_point: Mapping[str, float] | float | None = None,
-                 job_overhead_s: float = 0.0):
+                 job_overhead_s: float = 0.0,
+                 extra_s: Mapping[Job, float] | None = None):
         budget_s = float(budget_s)
         if math.isnan(budget_s) or budget_s < 0:
             raise ValueError(f"budget_s (--budget-s) must be >= 0 seconds, got {budget_s!r}")
@@ -169,6 +172,12 @@ class BudgetPlan:
         else:
             self.rates = {job.kind: float(s_per_point) for job in self.order}
         self.job_overhead_s = float(job_overhead_s)
+        self.extra_s: dict[Job, float] = {}
+        for job, extra in (extra_s or {}).items():
+            if not math.isfinite(extra) or extra < 0:
+                raise ValueError(f"job {job.id!r}: extra_s must be a finite number >= 0, "
+                                 f"got {extra!r}")
+            self.extra_s[job] = float(extra)
         self._spent: dict[Job, float] = {}
 
     @property
@@ -193,11 +202,13 @@ class BudgetPlan:
             self.rates[kind] = float(s_per_point)
 
     def need_s(self, job: Job) -> float:
-        """What ``job`` can use: its points at its kind's rate, with a margin (inf: unknown)."""
+        """What ``job`` can use: its points at its kind's rate and its costly points' extra
+        seconds, with a margin (inf: unknown)."""
         rate = self.rates.get(job.kind)
         if rate is None:
             return math.inf
-        return NEED_MARGIN * self.pool[job] * rate + self.job_overhead_s
+        return (NEED_MARGIN * (self.pool[job] * rate + self.extra_s.get(job, 0.0))
+                + self.job_overhead_s)
 
     def _check_next(self, job: Job) -> None:
         if job in self._spent:
@@ -224,12 +235,17 @@ class BudgetPlan:
         left = self.remaining_s
         todo = [j for j in self.order if j not in self._spent]
         slices = {j.slice for j in todo}
-        per_slice = waterfill(left, {s: self.shares[s] for s in slices},
-                              {s: sum(self.need_s(j) for j in todo if j.slice == s) for s in slices})
+        # A slice that has begun keeps its share of the time it began with, less what its
+        # finished jobs spent: shared out again over what is left, the running slice would
+        # take its share of every other slice's share too, job after job.
+        spent = {s: sum(t for j, t in self._spent.items() if j.slice == s) for s in slices}
+        per_slice = waterfill(left + sum(spent.values()), {s: self.shares[s] for s in slices},
+                              {s: spent[s] + sum(self.need_s(j) for j in todo if j.slice == s)
+                               for s in slices})
         mine = [j for j in todo if j.slice == job.slice]
-        per_job = waterfill(per_slice.get(job.slice, 0.0), {j: 1.0 for j in mine},
-                            {j: self.need_s(j) for j in mine})
-        return max(0.0, per_job.get(job, 0.0))
+        per_job = waterfill(max(0.0, per_slice.get(job.slice, 0.0) - spent[job.slice]),
+                            {j: 1.0 for j in mine}, {j: self.need_s(j) for j in mine})
+        return min(left, max(0.0, per_job.get(job, 0.0)))
 
     def record(self, job: Job, spent_s: float) -> None:
         """Report that ``job`` finished having used ``spent_s`` seconds (it may overrun a little)."""

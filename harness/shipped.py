@@ -34,6 +34,9 @@ from harness.points import make_spec
 
 BASELINE_KNOB = "baseline"
 BASELINES = ("torch", "compile")
+# torch.compile's baseline costs seconds a shape (Inductor's compile and autotuning), a
+# configuration tens of milliseconds: the planner counts these points apart
+COMPILE_SPEC = f"{BASELINE_KNOB}=compile"
 HEURISTIC, AUTOTUNE_LIST = "heuristic", "autotune_list"
 ROW_KINDS = ("rms_norm", "softmax", "reduce")
 GEMM_KINDS = ("matmul", "mlp_geglu", "norm_linear", "linear_norm")

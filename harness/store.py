@@ -743,17 +743,28 @@ class NodeStore:
         return existing, measured
 
     def paces(self, gpu: str, regime: str, min_rows: int = 20) -> dict[str, float]:
-        """kind → median seconds a point took in this card's earlier jobs: each job (run,
-        slice, kind) with at least ``min_rows`` rows, from its first row's time to its last."""
+        """kind → median seconds a configuration took in this card's earlier jobs: each job
+        (run, slice, kind) with at least ``min_rows`` rows of configurations (baselines left
+        out: they cost what they cost, see :meth:`point_cost`), from its first row's time to
+        its last."""
         spans: dict[str, list[float]] = {}
         for kind, n, first, last in self._conn.execute(
                 "SELECT kind, COUNT(*), MIN(measured_at), MAX(measured_at) FROM node "
-                "WHERE gpu = ? AND regime = ? GROUP BY kind, run_id, slice HAVING COUNT(*) >= ?",
+                "WHERE gpu = ? AND regime = ? AND COALESCE(spec, '') NOT LIKE 'baseline=%' "
+                "GROUP BY kind, run_id, slice HAVING COUNT(*) >= ?",
                 (gpu, regime, min_rows)):
             t0, t1 = when(first), when(last)
             if t0 is not None and t1 is not None and t1 > t0:
                 spans.setdefault(kind, []).append((t1 - t0).total_seconds() / (n - 1))
         return {k: sorted(v)[len(v) // 2] for k, v in spans.items()}
+
+    def point_cost(self, gpu: str, regime: str, spec: str) -> float | None:
+        """Median seconds (compile and timing) the measured rows of ``spec`` took on this
+        card, e.g. ``baseline=compile`` over its shapes; None without such rows."""
+        costs = sorted(c for (c,) in self._conn.execute(
+            "SELECT COALESCE(compile_s, 0) + COALESCE(bench_s, 0) FROM node "
+            "WHERE gpu = ? AND regime = ? AND spec = ? AND status = 'ok'", (gpu, regime, spec)))
+        return costs[len(costs) // 2] if costs else None
 
     def ledger_records(self, gpus: Iterable[str] | None = None
                        ) -> Iterator[tuple[str, str, str, str, int, str | None]]:

@@ -60,3 +60,22 @@ def test_a_filter_that_starts_with_a_dash_reaches_the_box_as_a_value() -> None:
     args = pool_args({"max_dist": 2, "tail_cap": 200, "filter": "-k"})
     assert args[-1] == "--filter=-k"
     assert parser().parse_args(["plan", *args]).filter == "-k"
+
+
+def test_torch_compile_baselines_are_counted_apart_and_given_their_time() -> None:
+    """The pool file says how many of a job's points are torch.compile's baselines (seconds a
+    shape, where a configuration takes milliseconds), and the preview gives them that time."""
+    cmd = [sys.executable, "-m", "harness.box", "plan", "--card", "h200", "--kind", "rms_norm",
+           "--budget-s", "240", "--json"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    shapes = data["remaining"]["own"]["rms_norm"]
+    assert data["compile_baselines"]["own"]["rms_norm"] == {s: 1 for s in shapes}
+    own = next(j for j in data["budget"]["jobs"] if j["slice"] == "own")
+    points = sum(shapes.values())
+    assert own["allotment_s"] >= 1.5 * (points * 0.09 + len(shapes) * 10.0) - 0.1
+    assert own["measures"] == points
+    none = subprocess.run([*cmd, "--baselines=torch"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert json.loads(none.stdout)["compile_baselines"]["own"] == {}

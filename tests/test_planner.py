@@ -98,16 +98,30 @@ def test_allotments_flow_inside_and_across_slices() -> None:
     plan = BudgetPlan(100, SHARES, _pool())
     reduce_, softmax, matmul, cross = plan.order
     assert plan.allotment(reduce_) == pytest.approx(25.0)  # 75 / 3 kinds
-    plan.record(reduce_, 10.0)  # 15 s unused: shared by what is left, cross too
-    assert plan.allotment(softmax) == pytest.approx(90 * 0.75 / 2)
-    plan.record(softmax, 33.75)
-    assert plan.allotment(matmul) == pytest.approx(56.25 * 0.75)
-    plan.record(matmul, 40.0)  # 2.1875 s unused flows to cross
-    assert plan.allotment(cross) == pytest.approx(16.25)
-    assert plan.spent_s == pytest.approx(83.75)
-    plan.record(cross, 16.25)
+    plan.record(reduce_, 10.0)  # 15 s unused: own's later kinds share it (own keeps 75 s)
+    assert plan.allotment(softmax) == pytest.approx((75 - 10) / 2)
+    plan.record(softmax, 32.5)
+    assert plan.allotment(matmul) == pytest.approx(75 - 42.5)
+    plan.record(matmul, 30.0)  # 2.5 s unused flows to cross
+    assert plan.allotment(cross) == pytest.approx(27.5)
+    assert plan.spent_s == pytest.approx(72.5)
+    plan.record(cross, 27.5)
     assert plan.next_job is None
     assert plan.remaining_s == pytest.approx(0.0)
+
+
+def test_a_slice_that_uses_all_it_gets_takes_only_its_share() -> None:
+    """The case of a 300 s H200 sweep: eight own jobs each spent what they were given, and the
+    own slice, given its share of what was left before each job, took 74% of the budget for a
+    60% share; six tail jobs were then skipped with 1 to 3 s each."""
+    pool = {**{Job("own", k): 10_000 for k in "abcdefgh"},
+            **{Job("tail", k): 10_000 for k in "abcdef"}}
+    plan = BudgetPlan(300, {"own": 60, "cross": 25, "tail": 15}, pool)
+    for job in list(plan.order):
+        plan.record(job, plan.allotment(job))
+        if job.slice == "tail":
+            assert plan._spent[job] == pytest.approx(300 * 15 / 75 / 6)
+    assert sum(t for j, t in plan._spent.items() if j.slice == "own") == pytest.approx(240.0)
 
 
 def test_time_flows_back_to_a_slice_from_the_slices_that_cannot_use_it() -> None:
@@ -142,6 +156,25 @@ def test_a_small_kind_gets_what_it_needs_and_the_big_one_the_rest() -> None:
     assert plan.allotment(matmul) == pytest.approx(96.0)
     plan.learn("matmul", 0.001)  # faster than thought: capped at what it can use
     assert plan.allotment(matmul) == pytest.approx(1.5 * 5000 * 0.001 + 2.0)
+
+
+def test_a_job_of_a_few_costly_points_gets_their_time() -> None:
+    """A later session's own jobs may hold only torch.compile's baselines (seconds each, where
+    the kind's rate says 0.05 s a point): what they need is their extra seconds, not their
+    count at the rate, so they are not starved by the tail jobs after them."""
+    pool = {Job("own", "matmul"): 10, Job("tail", "matmul"): 5000}
+    rates = {"matmul": 0.05}
+    starved = BudgetPlan(240, {"own": 60, "cross": 25, "tail": 15}, pool, s_per_point=rates,
+                         job_overhead_s=2.0)
+    assert starved.allotment(Job("own", "matmul")) == pytest.approx(1.5 * 10 * 0.05 + 2.0)
+    plan = BudgetPlan(240, {"own": 60, "cross": 25, "tail": 15}, pool, s_per_point=rates,
+                      job_overhead_s=2.0, extra_s={Job("own", "matmul"): 5 * 10.0})
+    own = plan.allotment(Job("own", "matmul"))
+    assert own == pytest.approx(1.5 * (10 * 0.05 + 50.0) + 2.0)
+    plan.record(Job("own", "matmul"), 40.0)
+    assert plan.allotment(Job("tail", "matmul")) == pytest.approx(200.0)
+    with pytest.raises(ValueError, match="extra_s"):
+        BudgetPlan(240, {"own": 1}, pool, extra_s={Job("own", "matmul"): -1.0})
 
 
 def test_overrun_shrinks_later_allotments_and_never_negative() -> None:

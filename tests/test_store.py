@@ -755,3 +755,18 @@ def test_cli_merge_on_a_read_only_file_system_is_an_error_not_a_traceback(tmp_pa
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert f"error: cannot create node DB {ro / 'new.db'}: {why}" in done.stderr
+
+
+def test_paces_leave_baselines_out_and_point_cost_is_their_median(store: NodeStore) -> None:
+    """A job that measured torch.compile's baselines first (seconds each) must not make the
+    kind's pace look slow: the pace counts configurations; a baseline's cost is its own."""
+    t = lambda s: f"2026-12-02T11:23:{s:06.3f}Z"  # noqa: E731
+    rows = [make_row(spec="baseline=compile", M=m, measured_at=t(10 * i), compile_s=c, bench_s=0.5,
+                     features={}, knobs={"baseline": "compile"})
+            for i, (m, c) in enumerate([(16, 4.5), (2048, 9.5), (4096, 29.5)])]
+    rows += [make_row(spec=f"BLOCK_K=64,BLOCK_M=128,BLOCK_N={n},num_stages=3,num_warps=4",
+                      measured_at=t(30 + 0.1 * i)) for i, n in enumerate(range(16, 16 + 20 * 16, 16))]
+    store.merge(rows)
+    assert store.paces(H200, "deployable") == {"matmul": pytest.approx(0.1)}
+    assert store.point_cost(H200, "deployable", "baseline=compile") == pytest.approx(10.0)
+    assert store.point_cost(L40S, "deployable", "baseline=compile") is None

@@ -54,11 +54,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     pool = pools.build(card, kinds=kinds, filter=args.filter, max_dist=args.max_dist,
                        tail_cap=args.tail_cap, baselines=shipped.parse_baselines(args.baselines))
     ledger = Ledger.load(Path(args.ledger)) if args.ledger else Ledger()
-    todo = [p.key for p in pool.points() if ledger.needs_run(p.key, card.regime, args.max_attempts)]
+    todo = [p for p in pool.points() if ledger.needs_run(p.key, card.regime, args.max_attempts)]
     payload = {
         "card": card.name, "regime": card.regime, "max_dist": args.max_dist,
         "tail_cap": args.tail_cap, "filter": args.filter,
-        "remaining": pool.counts(todo), "total": pool.counts(),
+        "remaining": pool.counts(p.key for p in todo), "total": pool.counts(),
+        # of them, torch.compile's baselines: seconds each, where a configuration takes ms
+        "compile_baselines": pool.counts(p.key for p in todo if p.spec == shipped.COMPILE_SPEC),
         "enumerated": {sp.golden.shape_id: sp.enumerated for sp in pool.shapes},
         "skipped_anchors": [{"gpu": a.gpu, "shape_id": a.shape_id, "spec": a.spec}
                             for a in pool.skipped_anchors],
@@ -79,6 +81,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # measured 3348 points in 302 s of jobs; the interpreter on a 2-core machine about 0.5 s.
 DEFAULT_S_PER_POINT = {"deployable": 0.09, "interpret": 0.5}
 MIN_JOB_S = 10.0  # as harness.collection: a job allotted less is skipped
+DEFAULT_COMPILE_BASELINE_S = 10.0  # as harness.collection: torch.compile's baseline of a shape
 
 
 def budget_preview(payload: dict, budget_s: float, s_per_point: float | None,
@@ -90,7 +93,10 @@ def budget_preview(payload: dict, budget_s: float, s_per_point: float | None,
     spp = s_per_point or DEFAULT_S_PER_POINT[payload["regime"]]
     counts = {Job(s, k): sum(shapes.values()) for s in SLICES
               for k, shapes in payload["remaining"][s].items()}
-    plan = BudgetPlan(budget_s, shares, counts)
+    heavy = payload.get("compile_baselines", {})
+    extra = {j: n * DEFAULT_COMPILE_BASELINE_S for j in counts
+             if (n := sum(heavy.get(j.slice, {}).get(j.kind, {}).values()))}
+    plan = BudgetPlan(budget_s, shares, counts, s_per_point=spp, extra_s=extra)
     jobs = []
     for job in plan.order:
         allot = plan.allotment(job)
@@ -100,8 +106,12 @@ def budget_preview(payload: dict, budget_s: float, s_per_point: float | None,
             jobs.append({"slice": job.slice, "kind": job.kind, "points": n, "allotment_s": allot,
                          "measures": 0, "seconds": 0.0, "state": "skipped (under 10 s)"})
             continue
-        measures = min(n, int(allot / spp))
-        spent = min(allot, n * spp)
+        # torch.compile's baselines first (as the job measures them), then the rest
+        n_heavy = sum(heavy.get(job.slice, {}).get(job.kind, {}).values())
+        heavy_fit = min(n_heavy, int(allot / DEFAULT_COMPILE_BASELINE_S))
+        measures = heavy_fit + min(n - n_heavy, int(
+            (allot - heavy_fit * DEFAULT_COMPILE_BASELINE_S) / spp))
+        spent = min(allot, (n - n_heavy) * spp + extra.get(job, 0.0))
         plan.record(job, spent)
         jobs.append({"slice": job.slice, "kind": job.kind, "points": n,
                      "allotment_s": round(allot, 1), "measures": measures,
