@@ -242,7 +242,8 @@ class Collection:
         extra = {j: n * compile_s for _, j in mine
                  if (n := sum(heavy.get(j.slice, {}).get(j.kind, {}).values()))}
         plan = BudgetPlan(self.opts.budget_s, self.shares, counts, order=[j for _, j in mine],
-                          s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S, extra_s=extra)
+                          s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S, extra_s=extra,
+                          min_job_s=MIN_JOB_S)
         if plan.order:  # (a run with nothing to measure needs no service)
             progress(f"box {transport.name}: starting the box service (tmux session "
                      "emmy-node-sweep)")

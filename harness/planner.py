@@ -121,13 +121,16 @@ class BudgetPlan:
     number for every kind), ``extra_s`` (job → seconds its few costly points take beyond
     that rate, e.g. ``torch.compile``'s baselines) and ``job_overhead_s`` (a job's own start
     and end) let the allotments follow what each job can use; see the module docstring.
+    ``min_job_s`` is the least a job can use at all (the caller skips a job allotted less):
+    a job of a few points is not capped under it.
     """
 
     def __init__(self, budget_s: float, shares: Mapping[str, float], pool: Mapping[Job, int],
                  order: Sequence[Job] | None = None,
                  s_per_point: Mapping[str, float] | float | None = None,
                  job_overhead_s: float = 0.0,
-                 extra_s: Mapping[Job, float] | None = None):
+                 extra_s: Mapping[Job, float] | None = None,
+                 min_job_s: float = 0.0):
         budget_s = float(budget_s)
         if math.isnan(budget_s) or budget_s < 0:
             raise ValueError(f"budget_s (--budget-s) must be >= 0 seconds, got {budget_s!r}")
@@ -172,6 +175,7 @@ class BudgetPlan:
         else:
             self.rates = {job.kind: float(s_per_point) for job in self.order}
         self.job_overhead_s = float(job_overhead_s)
+        self.min_job_s = float(min_job_s)
         self.extra_s: dict[Job, float] = {}
         for job, extra in (extra_s or {}).items():
             if not math.isfinite(extra) or extra < 0:
@@ -207,8 +211,9 @@ class BudgetPlan:
         rate = self.rates.get(job.kind)
         if rate is None:
             return math.inf
-        return (NEED_MARGIN * (self.pool[job] * rate + self.extra_s.get(job, 0.0))
-                + self.job_overhead_s)
+        return max(self.min_job_s,
+                   NEED_MARGIN * (self.pool[job] * rate + self.extra_s.get(job, 0.0))
+                   + self.job_overhead_s)
 
     def _check_next(self, job: Job) -> None:
         if job in self._spent:

@@ -177,6 +177,18 @@ def test_a_job_of_a_few_costly_points_gets_their_time() -> None:
         BudgetPlan(240, {"own": 1}, pool, extra_s={Job("own", "matmul"): -1.0})
 
 
+def test_a_job_of_a_few_points_is_not_capped_under_the_least_a_job_can_use() -> None:
+    """Seen on an H200: a cross job of 7 points needed 2.6 s by its kind's pace, was given
+    exactly that, and was then skipped as under the 3 s a job needs to measure anything."""
+    pool = {Job("cross", "mlp_geglu"): 7, Job("cross", "matmul"): 5000}
+    rates = {"mlp_geglu": 0.061, "matmul": 0.08}
+    capped = BudgetPlan(300, {"cross": 1}, pool, s_per_point=rates, job_overhead_s=2.0)
+    assert capped.allotment(Job("cross", "mlp_geglu")) == pytest.approx(1.5 * 7 * 0.061 + 2.0)
+    plan = BudgetPlan(300, {"cross": 1}, pool, s_per_point=rates, job_overhead_s=2.0,
+                      min_job_s=3.0)
+    assert plan.allotment(Job("cross", "mlp_geglu")) == pytest.approx(3.0)
+
+
 def test_overrun_shrinks_later_allotments_and_never_negative() -> None:
     plan = BudgetPlan(100, SHARES, _pool())
     reduce_, softmax, matmul, cross = plan.order
