@@ -351,3 +351,19 @@ def test_shipped_points_come_first_and_baselines_skip_the_compile_pool(tmp_path:
     baselines = [p.key for p in first if p.knobs.get("baseline")]
     assert baselines and not set(baselines) & set(pool.submitted)
     assert set(pool.submitted) >= {p.key for p in first if not p.knobs.get("baseline")}
+
+
+def test_a_job_that_measured_every_point_says_so_even_when_the_last_ended_past_its_allotment(
+        tmp_path: Path) -> None:
+    """Its points all measured, a job's pool is exhausted, whatever the clock says after."""
+    clock = Clock()
+    everything = run_job(_job(tmp_path / "a", budget_s=1000.0), log=open("/dev/null", "w"),  # noqa: SIM115
+                         clock=clock, tools=_tools(FakeWorker(clock)), started=clock())
+    n = everything["benched"]
+    assert everything["stop"] == "pool exhausted" and n > 1
+    clock = Clock()
+    # the last point starts half a second before the allotment ends and ends after it
+    summary = run_job(_job(tmp_path / "b", budget_s=n - 0.5), log=open("/dev/null", "w"),  # noqa: SIM115
+                      clock=clock, tools=_tools(FakeWorker(clock)), started=clock())
+    assert summary["benched"] == n and summary["elapsed_s"] > n - 0.5
+    assert summary["stop"] == "pool exhausted"

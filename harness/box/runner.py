@@ -637,6 +637,8 @@ class _Lanes:
         while True:
             if self.halt.is_set():
                 return "halted"
+            if self.busy == 0 and self.sched.left == 0:  # every point measured, however late
+                return "pool exhausted"
             if self.time_.spent():
                 return "budget spent"
             if self.asked():
