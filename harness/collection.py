@@ -54,9 +54,6 @@ JOB_OVERHEAD_S = 2.0
 # Seconds a point takes where this card has no history yet: an H200 sweep of 300 s measured
 # 3348 points in 302 s of jobs; the interpreter on a 2-core machine about half a second.
 DEFAULT_S_PER_POINT = {"deployable": 0.09, "interpret": 0.5}
-# Seconds torch.compile's baseline of one shape takes where this card has none yet (Inductor's
-# compile and autotuning): 4 to 34 s a shape on an H200, median 6 s.
-DEFAULT_COMPILE_BASELINE_S = 10.0
 
 
 class BoxUnusable(BoxError):
@@ -270,7 +267,7 @@ class Collection:
                 seen = store.point_cost(card, regime, shipped.COMPILE_SPEC)
             if seen is not None:
                 return seen
-        return DEFAULT_COMPILE_BASELINE_S
+        return shipped.COMPILE_BASELINE_S
 
     def _save_ledger(self) -> None:
         """Save the node table's ledger at ``--ledger`` (pushed to the box for this run): a

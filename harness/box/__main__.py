@@ -81,20 +81,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # measured 3348 points in 302 s of jobs; the interpreter on a 2-core machine about 0.5 s.
 DEFAULT_S_PER_POINT = {"deployable": 0.09, "interpret": 0.5}
 MIN_JOB_S = 10.0  # as harness.collection: a job allotted less is skipped
-DEFAULT_COMPILE_BASELINE_S = 10.0  # as harness.collection: torch.compile's baseline of a shape
 
 
 def budget_preview(payload: dict, budget_s: float, s_per_point: float | None,
                    shares: dict[str, float]) -> dict:
     """What ``budget_s`` buys on this card: the planner's allotments, each job spending
     ``s_per_point`` a point until its points or its allotment run out."""
+    from harness import shipped
     from harness.planner import BudgetPlan, Job
 
     spp = s_per_point or DEFAULT_S_PER_POINT[payload["regime"]]
     counts = {Job(s, k): sum(shapes.values()) for s in SLICES
               for k, shapes in payload["remaining"][s].items()}
     heavy = payload.get("compile_baselines", {})
-    extra = {j: n * DEFAULT_COMPILE_BASELINE_S for j in counts
+    extra = {j: n * shipped.COMPILE_BASELINE_S for j in counts
              if (n := sum(heavy.get(j.slice, {}).get(j.kind, {}).values()))}
     plan = BudgetPlan(budget_s, shares, counts, s_per_point=spp, extra_s=extra)
     jobs = []
@@ -108,9 +108,9 @@ def budget_preview(payload: dict, budget_s: float, s_per_point: float | None,
             continue
         # torch.compile's baselines first (as the job measures them), then the rest
         n_heavy = sum(heavy.get(job.slice, {}).get(job.kind, {}).values())
-        heavy_fit = min(n_heavy, int(allot / DEFAULT_COMPILE_BASELINE_S))
+        heavy_fit = min(n_heavy, int(allot / shipped.COMPILE_BASELINE_S))
         measures = heavy_fit + min(n - n_heavy, int(
-            (allot - heavy_fit * DEFAULT_COMPILE_BASELINE_S) / spp))
+            (allot - heavy_fit * shipped.COMPILE_BASELINE_S) / spp))
         spent = min(allot, (n - n_heavy) * spp + extra.get(job, 0.0))
         plan.record(job, spent)
         jobs.append({"slice": job.slice, "kind": job.kind, "points": n,
