@@ -93,9 +93,9 @@ def budget_preview(payload: dict, budget_s: float, s_per_point: float | None,
     spp = s_per_point or DEFAULT_S_PER_POINT[payload["regime"]]
     counts = {Job(s, k): sum(shapes.values()) for s in SLICES
               for k, shapes in payload["remaining"][s].items()}
-    heavy = payload.get("compile_baselines", {})
-    extra = {j: n * shipped.COMPILE_BASELINE_S for j in counts
-             if (n := sum(heavy.get(j.slice, {}).get(j.kind, {}).values()))}
+    heavy = {j: sum(payload.get("compile_baselines", {}).get(j.slice, {}).get(j.kind, {}).values())
+             for j in counts}
+    extra = {j: n * shipped.COMPILE_BASELINE_S for j, n in heavy.items() if n}
     plan = BudgetPlan(budget_s, shares, counts, s_per_point=spp, extra_s=extra)
     jobs = []
     for job in plan.order:
@@ -107,7 +107,7 @@ def budget_preview(payload: dict, budget_s: float, s_per_point: float | None,
                          "measures": 0, "seconds": 0.0, "state": "skipped (under 10 s)"})
             continue
         # torch.compile's baselines first (as the job measures them), then the rest
-        n_heavy = sum(heavy.get(job.slice, {}).get(job.kind, {}).values())
+        n_heavy = heavy[job]
         heavy_fit = min(n_heavy, int(allot / shipped.COMPILE_BASELINE_S))
         measures = heavy_fit + min(n - n_heavy, int(
             (allot - heavy_fit * shipped.COMPILE_BASELINE_S) / spp))
