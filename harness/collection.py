@@ -235,8 +235,8 @@ class Collection:
         counts = {j: sum(pool["remaining"][j.slice].get(j.kind, {}).values()) for _, j in mine}
         rates = self._rates(card.name, probe["regime"], {j.kind for _, j in mine})
         heavy = pool.get("compile_baselines", {})
-        compile_s = self._compile_baseline_s(card.name, probe["regime"])
-        extra = {j: n * compile_s for _, j in mine
+        compile_s = self._compile_baseline_s(card.name, probe["regime"], {j.kind for _, j in mine})
+        extra = {j: n * compile_s[j.kind] for _, j in mine
                  if (n := sum(heavy.get(j.slice, {}).get(j.kind, {}).values()))}
         plan = BudgetPlan(self.opts.budget_s, self.shares, counts, order=[j for _, j in mine],
                           s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S, extra_s=extra,
@@ -259,15 +259,19 @@ class Collection:
                 rates.update({k: v for k, v in store.paces(card, regime).items() if k in kinds})
         return rates
 
-    def _compile_baseline_s(self, card: str, regime: str) -> float:
-        """Seconds torch.compile's baseline of a shape takes on this card: the node table's
-        history, else a default."""
+    def _compile_baseline_s(self, card: str, regime: str, kinds: set[str]) -> dict[str, float]:
+        """kind → seconds torch.compile's baseline of a shape takes on this card: the node
+        table's history of that kind (Inductor's autotuning of a fused GEMM costs several times
+        a reduction's), else of any kind on this card, else a default."""
+        out = dict.fromkeys(kinds, shipped.COMPILE_BASELINE_S)
         if self.merging:
             with NodeStore(self.db_path) as store:
-                seen = store.point_cost(card, regime, shipped.COMPILE_SPEC)
-            if seen is not None:
-                return seen
-        return shipped.COMPILE_BASELINE_S
+                card_s = store.point_cost(card, regime, shipped.COMPILE_SPEC)
+                for kind in kinds:
+                    seen = store.point_cost(card, regime, shipped.COMPILE_SPEC, kind)
+                    if seen is not None or card_s is not None:
+                        out[kind] = seen if seen is not None else card_s
+        return out
 
     def _save_ledger(self) -> None:
         """Save the node table's ledger at ``--ledger`` (pushed to the box for this run): a

@@ -758,12 +758,18 @@ class NodeStore:
                 spans.setdefault(kind, []).append((t1 - t0).total_seconds() / (n - 1))
         return {k: sorted(v)[len(v) // 2] for k, v in spans.items()}
 
-    def point_cost(self, gpu: str, regime: str, spec: str) -> float | None:
+    def point_cost(self, gpu: str, regime: str, spec: str,
+                   kind: str | None = None) -> float | None:
         """Median seconds (compile and timing) the measured rows of ``spec`` took on this
-        card, e.g. ``baseline=compile`` over its shapes; None without such rows."""
-        costs = sorted(c for (c,) in self._conn.execute(
-            "SELECT COALESCE(compile_s, 0) + COALESCE(bench_s, 0) FROM node "
-            "WHERE gpu = ? AND regime = ? AND spec = ? AND status = 'ok'", (gpu, regime, spec)))
+        card, e.g. ``baseline=compile`` over its shapes (of ``kind`` only, if given); None
+        without such rows."""
+        sql = ("SELECT COALESCE(compile_s, 0) + COALESCE(bench_s, 0) FROM node "
+               "WHERE gpu = ? AND regime = ? AND spec = ? AND status = 'ok'")
+        args = [gpu, regime, spec]
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
+        costs = sorted(c for (c,) in self._conn.execute(sql, args))
         return costs[len(costs) // 2] if costs else None
 
     def ledger_records(self, gpus: Iterable[str] | None = None

@@ -766,7 +766,47 @@ def test_paces_leave_baselines_out_and_point_cost_is_their_median(store: NodeSto
             for i, (m, c) in enumerate([(16, 4.5), (2048, 9.5), (4096, 29.5)])]
     rows += [make_row(spec=f"BLOCK_K=64,BLOCK_M=128,BLOCK_N={n},num_stages=3,num_warps=4",
                       measured_at=t(30 + 0.1 * i)) for i, n in enumerate(range(16, 16 + 20 * 16, 16))]
+    rows.append(make_row(spec="baseline=compile", M=8, kind="rms_norm", measured_at=t(40),
+                         compile_s=1.5, bench_s=0.5, features={}, knobs={"baseline": "compile"}))
     store.merge(rows)
     assert store.paces(H200, "deployable") == {"matmul": pytest.approx(0.1)}
     assert store.point_cost(H200, "deployable", "baseline=compile") == pytest.approx(10.0)
     assert store.point_cost(L40S, "deployable", "baseline=compile") is None
+    assert store.point_cost(H200, "deployable", "baseline=compile", "matmul") == pytest.approx(10.0)
+    assert store.point_cost(H200, "deployable", "baseline=compile", "rms_norm") == pytest.approx(2.0)
+    assert store.point_cost(H200, "deployable", "baseline=compile", "softmax") is None
+
+
+def test_a_runs_compile_baseline_cost_is_its_kinds_then_its_cards_then_the_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile's autotuning of a fused GEMM took 33 s on the H200 where a reduction's
+    took 2 s: the plan gives a kind's baselines what that kind's took, a kind never seen on
+    this card what the card's took, and a card never seen the default."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from harness import shipped
+    from harness.collection import Collection
+    from harness.options import RunOptions
+
+    monkeypatch.setenv("EMMY_STATE_DIR", str(tmp_path / "state"))
+    db = tmp_path / "autotune.db"
+    rows = [make_row(spec="baseline=compile", M=m, kind=kind, compile_s=c, bench_s=0.5,
+                     features={}, knobs={"baseline": "compile"})
+            for m, kind, c in [(16, "matmul", 32.5), (32, "matmul", 29.5), (64, "rms_norm", 1.5)]]
+    with NodeStore(db) as store:
+        store.merge(rows)
+    names = [f.name for f in dataclasses.fields(RunOptions)]
+    raw = SimpleNamespace(**{**dict.fromkeys(names), **dict(
+        gpu="local", budget_s=60.0, max_dist=2, tail_cap=200, batch=6, seed=0, ledger=None,
+        rows_dir=str(tmp_path / "rows"), no_merge=False, accept_new_host_key=False,
+        keep_server=False, box_install=False, point_timeout_s=300.0, max_cv=0.05, remeasure=2,
+        baselines="compile,torch")})
+    opts = RunOptions.from_config(raw, gpus=["local"], shares={"own": 1.0}, db=db,
+                                  report_json=None, remote=None)
+    run = Collection(opts, [])
+    kinds = {"matmul", "rms_norm", "softmax"}
+    assert run._compile_baseline_s(H200, "deployable", kinds) == pytest.approx(
+        {"matmul": 33.0, "rms_norm": 2.0, "softmax": 30.0})
+    assert run._compile_baseline_s(L40S, "deployable", kinds) == dict.fromkeys(
+        kinds, shipped.COMPILE_BASELINE_S)
