@@ -355,6 +355,60 @@ def test_learned_card_out_transfers_across_cards(tmp_path: Path) -> None:
         assert card_out.spearman_median >= 0.7, (b.gpu, card_out.summary())
 
 
+def test_learned_carries_a_configuration_that_wins_on_the_other_shapes(tmp_path: Path) -> None:
+    """One configuration is the fastest of every shape, the others' times are noise: held out,
+    each shape is still given that configuration (the ``T_*`` encoding carries it), and the
+    scores are the same on a second fit."""
+    rng = random.Random(3)
+    grid = list(itertools.product([16, 32, 64, 128], [32, 64, 128], [32, 64], [2, 3, 4]))
+    winner = (64, 64, 32, 3)
+    rows = []
+    for m in (64, 128, 256, 512, 1024, 2048):
+        shape = {"M": m, "N": 4096, "K": 4096, "dtype": "bf16"}
+        for bm, bn, bk, st_ in [winner, *rng.sample([g for g in grid if g != winner], 20)]:
+            value = m * (1.0 if (bm, bn, bk, st_) == winner else rng.uniform(1.3, 3.0))
+            rows.append(_row({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
+                              "num_stages": st_, "num_warps": 4}, value, shape=shape))
+    rows = _stored(_db(tmp_path, rows))
+    (block,) = evaluate(rows, [LearnedPrior(max_iter=80)])
+    (learned,) = block.evals
+    assert [s.regret for s in learned.shapes] == [1.0] * 6, learned.to_json()["misses"]
+    held = [r for r in rows if r["shape_id"] == rows[0]["shape_id"]]
+    train = [r for r in rows if r["shape_id"] != rows[0]["shape_id"]]
+    first, second = LearnedPrior(max_iter=80), LearnedPrior(max_iter=80)
+    first.fit(train)
+    second.fit(train)
+    assert first.score(held) == second.score(held)
+
+
+def test_learned_encoding_leaves_a_training_rows_own_shape_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In ``fit`` a row's ``T_*`` come from the other shapes only: a configuration measured
+    on one shape alone has none, one measured on two has the other shape's result."""
+    shared = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_stages": 3, "num_warps": 4}
+    rows = [_row(shared, 10.0, shape=_shape(256)),
+            _row({**shared, "BLOCK_M": 128}, 20.0, shape=_shape(256)),
+            _row(shared, 30.0, shape=_shape(512)),
+            _row({**shared, "BLOCK_N": 32}, 15.0, shape=_shape(512))]
+    trained_on: list[list[dict[str, Any]]] = []
+    matrix = LearnedPrior._matrix
+
+    def recording(self: LearnedPrior, raws: Any, columns: Any = None) -> Any:
+        trained_on.append([dict(r) for r in raws])
+        return matrix(self, raws, columns)
+
+    monkeypatch.setattr(LearnedPrior, "_matrix", recording)
+    LearnedPrior(max_iter=5).fit(rows)
+    # the first model learns the relative time itself: log(time / the shape's best)
+    shared_a, alone, shared_b, _ = trained_on[0]
+    assert alone["T_n"] == 0 and math.isnan(alone["T_mean"]) and math.isnan(alone["T_similar"])
+    # on shape 512 the shared configuration is twice the best: log 2, not its own 0 on 256
+    assert shared_a["T_n"] == 1 and shared_a["T_mean"] == pytest.approx(math.log(2.0))
+    assert shared_a["T_similar"] == pytest.approx(math.log(2.0))
+    assert shared_b["T_n"] == 1 and shared_b["T_mean"] == pytest.approx(0.0)
+    assert "R_rel_time" not in shared_a and "R_rel_time" in trained_on[1][0]
+
+
 # ---------------------------------------------------------------- registry
 
 PLUGIN = """
