@@ -50,6 +50,12 @@ SIMILAR_OCTAVES = 2.0
 ROOFLINE_WEIGHTS = (0.0, 1.0)
 """Relative: one model per weight, its target the relative time less that weight times the
 roofline's clipped ranking (added back when scoring); their log predictions are averaged."""
+BAG = 3
+"""Each model is the mean of this many tree ensembles, each drawing its own features at every
+split (:data:`MAX_FEATURES`) and, on big tables, its own early-stopping rows: one ensemble's
+pick moved by up to 2.4x on a shape when a later session added a few rows elsewhere."""
+MAX_FEATURES = 0.7
+"""The share of the features each split of a bagged ensemble may choose from."""
 EARLY_STOP_ABOVE = 5_000
 SINGLE_THREAD_BELOW = 20_000
 """Training rows under which the trees are grown on one thread: OpenMP's per-split
@@ -71,8 +77,14 @@ class LearnedPrior:
     unit = "us"
 
     def __init__(self, seed: int = 0, compile_facts: bool = False, max_iter: int = 400,
-                 relative: bool = True, learning_rate: float = 0.05) -> None:
+                 relative: bool = True, learning_rate: float = 0.05, bag: int = BAG,
+                 max_features: float = MAX_FEATURES) -> None:
+        if bag < 1 or not 0.0 < max_features <= 1.0:
+            raise ValueError(f"bag must be >= 1 (got {bag}) and max_features in (0, 1] "
+                             f"(got {max_features})")
         self.seed = seed
+        self.bag = bag
+        self.max_features = max_features
         self.compile_facts = compile_facts
         self.max_iter = max_iter
         self.learning_rate = learning_rate
@@ -192,17 +204,18 @@ class LearnedPrior:
             return
         models = []
         for member, columns, t in zip(member_raws, self._member_columns, targets, strict=True):
-            model = HistGradientBoostingRegressor(
+            model = _Bag([HistGradientBoostingRegressor(
                 max_iter=max(1, self.max_iter // len(targets)),
                 learning_rate=self.learning_rate * len(targets),
                 min_samples_leaf=min(20, max(2, len(rows) // 20)),
                 l2_regularization=1e-3,
+                max_features=self.max_features,
                 categorical_features=[c in self._categories for c in columns] or None,
                 # Big tables hold out 10% to stop when the trees stop improving.
                 early_stopping=len(rows) > EARLY_STOP_ABOVE,
                 n_iter_no_change=20,
-                random_state=self.seed,
-            )
+                random_state=self.seed + k,
+            ) for k in range(self.bag)])
             with _threads(len(rows)):
                 model.fit(self._matrix(member, columns), np.asarray(t))
             models.append(model)
@@ -344,3 +357,18 @@ def _shape_facts(raw: Mapping[str, Any]) -> dict[str, float]:
         elif isinstance(v, (int, float)) and math.isfinite(v):
             out[k] = math.log2(max(float(v), 1.0))
     return out
+
+
+class _Bag:
+    """Tree ensembles fitted alike (their seeds apart); predicts their mean."""
+
+    def __init__(self, models: list[Any]) -> None:
+        self.models = models
+
+    def fit(self, x: Any, y: Any) -> _Bag:
+        for model in self.models:
+            model.fit(x, y)
+        return self
+
+    def predict(self, x: Any) -> Any:
+        return sum(model.predict(x) for model in self.models) / len(self.models)
