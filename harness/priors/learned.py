@@ -195,8 +195,10 @@ class LearnedPrior:
             for key, vals in strings.items() if len(vals) <= MAX_CATEGORIES
         }
         for member in member_raws:
+            # a column with no value in any row (``T_mean`` when every row's shape is the only
+            # one trained on) is left out: the trees cannot bin it
             numeric = {key for raw in member for key, v in raw.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, str)}
+                       if isinstance(v, (int, float)) and not math.isnan(v)}
             self._member_columns.append(
                 sorted((numeric - set(strings)) | set(self._categories)))
         self._columns = self._member_columns[0]
