@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.store import NodeStore
+from tests.bench_scripts import load
 from tests.test_store import make_row
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("protocol_floor", ROOT / "bench" / "protocol_floor.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["protocol_floor"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load("protocol_floor")
 
 
 def test_the_floor_counts_every_call_of_both_sides_and_every_window(tmp_path: Path) -> None:

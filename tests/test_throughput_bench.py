@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("throughput", ROOT / "bench" / "throughput.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["throughput"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.bench_scripts import load
 
 
 def test_the_serial_interval_holds_the_measured_rate_and_widens_with_mixed_points() -> None:
-    bench = _bench()
+    bench = load("throughput")
     # 10 s of process start, then 100 points: alike (1 s each) or mixed (0.2 s and 1.8 s)
     alike = [{"point_s": 1.0} for _ in range(100)]
     mixed = [{"point_s": 0.2 if i % 2 else 1.8} for i in range(100)]
