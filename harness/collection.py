@@ -263,15 +263,13 @@ class Collection:
         """kind → seconds torch.compile's baseline of a shape takes on this card: the node
         table's history of that kind (Inductor's autotuning of a fused GEMM costs several times
         a reduction's), else of any kind on this card, else a default."""
-        out = dict.fromkeys(kinds, shipped.COMPILE_BASELINE_S)
-        if self.merging:
-            with NodeStore(self.db_path) as store:
-                card_s = store.point_cost(card, regime, shipped.COMPILE_SPEC)
-                for kind in kinds:
-                    seen = store.point_cost(card, regime, shipped.COMPILE_SPEC, kind)
-                    if seen is not None or card_s is not None:
-                        out[kind] = seen if seen is not None else card_s
-        return out
+        if not self.merging:
+            return dict.fromkeys(kinds, shipped.COMPILE_BASELINE_S)
+        with NodeStore(self.db_path) as store:
+            card_s = store.point_cost(card, regime, shipped.COMPILE_SPEC)
+            fallback = shipped.COMPILE_BASELINE_S if card_s is None else card_s
+            seen = {k: store.point_cost(card, regime, shipped.COMPILE_SPEC, k) for k in kinds}
+        return {k: fallback if s is None else s for k, s in seen.items()}
 
     def _save_ledger(self) -> None:
         """Save the node table's ledger at ``--ledger`` (pushed to the box for this run): a

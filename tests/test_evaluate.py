@@ -545,8 +545,6 @@ def test_eval_of_a_real_interpret_run(tmp_path: Path) -> None:
 
 
 def test_learned_refuses_a_bag_or_feature_share_it_cannot_use() -> None:
-    from harness.priors.learned import LearnedPrior
-
     with pytest.raises(ValueError, match="bag must be >= 1 .got 0"):
         LearnedPrior(bag=0)
     with pytest.raises(ValueError, match=r"max_features in \(0, 1\] .got 1.5"):

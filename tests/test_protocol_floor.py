@@ -11,10 +11,6 @@ from tests.bench_scripts import load
 from tests.test_store import make_row
 
 
-def _bench():
-    return load("protocol_floor")
-
-
 def test_the_floor_counts_every_call_of_both_sides_and_every_window(tmp_path: Path) -> None:
     db = tmp_path / "n.db"
     quiet = make_row(value_us=100.0, ref_us=50.0,
@@ -26,7 +22,7 @@ def test_the_floor_counts_every_call_of_both_sides_and_every_window(tmp_path: Pa
                       status="bench_fail", value_us=None, error="wrong result")
     with NodeStore(db) as store:
         store.merge([quiet, noisy, failed])
-    mod = _bench()
+    mod = load("protocol_floor")
     by_kind = mod.floor_by_kind(db)
     # a check call, then 25 calls a window: 26 calls for one window, 76 for three
     n, cand, ref = by_kind["matmul"]

@@ -236,14 +236,14 @@ class LearnedPrior:
             return [math.exp(p) for p in pred]
         rank = _roofline_rank(rows, raws)
         groups = _groups(rows)
+        facts = {shape: _shape_facts(raws[idx[0]]) for shape, idx in groups.items()}
         pred = [0.0] * len(rows)
         for seen, weight, columns, model in zip(self._seen, ROOFLINE_WEIGHTS,
                                                 self._member_columns, self._model, strict=True):
             member = _with_rank(raws, rank, weight)
             for shape, idx in groups.items():
-                facts = _shape_facts(raws[idx[0]])
                 for i in idx:
-                    member[i].update(self._encoding(seen, rows[i], raws[i], shape, facts,
+                    member[i].update(self._encoding(seen, rows[i], raws[i], shape, facts[shape],
                                                     leave_out=False))
             with _threads(self._n_train):
                 got = model.predict(self._matrix(member, columns))
