@@ -1,10 +1,12 @@
 """The collection "tests": one sweep job per card × slice × kind.
 
-A job passes when it ran to its allotment or its pool's end and its rows are in the node
-table; bench failures are data (they are rows), not test failures.  A job fails when its box
-process died or failed (with the tail of its log), when its rows could not be merged, or when
-some of them were rejected (set aside with their reasons).  ``-k softmax`` or ``-k own`` select
-jobs; the budget is re-planned over the selection.
+The box runs the card's whole session on its own clock; each test waits for its job there,
+brings its rows home and merges them while the box measures the next.  A job passes when it
+ran to its allotment or its pool's end and its rows are in the node table; bench failures are
+data (they are rows), not test failures.  A job fails when the box's service died or failed
+(with the tail of its log), when its rows could not be merged, or when some of them were
+rejected (set aside with their reasons).  ``-k softmax`` or ``-k own`` select jobs; the budget
+is planned over the selection.
 """
 
 from __future__ import annotations
@@ -13,13 +15,22 @@ import pytest
 
 from harness.boxctl import BoxError
 from harness.collection import BoxUnusable
-from harness.harvest import job_property
+from harness.harvest import job_property, top_ups_property
 from harness.remote.transport import SSHError
 
 
 def test_sweep(sweep_job, collection, boxes, progress, record_property, request):
     gpu, job = sweep_job
-    record_property(*job_property(gpu=gpu, slice=job.slice, kind=job.kind))
+    try:
+        _sweep(sweep_job, collection, boxes, progress, record_property, request)
+    finally:  # one property, whatever happened: the harvest, JUnit and --report-json read it
+        record_property(*job_property(**collection.job_report(sweep_job)))
+        if sweep_job == collection.last_job(gpu):
+            record_property(*top_ups_property(collection.top_ups_report(gpu)))
+
+
+def _sweep(sweep_job, collection, boxes, progress, record_property, request):
+    gpu, job = sweep_job
     try:
         box = boxes(gpu)
     except BoxUnusable as exc:  # said once, by the first job of that box
@@ -34,17 +45,18 @@ def test_sweep(sweep_job, collection, boxes, progress, record_property, request)
     if unusable:  # the message says what was wrong and what to do: no traceback
         pytest.fail(unusable, pytrace=False)
     result = collection.run_job(sweep_job, box, progress, nodeid=request.node.nodeid)
-    report = collection.job_report(sweep_job)  # the harvest's summary and --report-json read it
-    record_property(*job_property(**report))
     if result.skipped:
         pytest.skip(result.skipped)
     out = result.outcome
+    report = collection.job_report(sweep_job)
     # the same numbers as plain JUnit properties
     for name in ("benched", "ok", "failed", "points_done", "points_total", "seconds", "allotment_s"):
-        record_property(name, report[name])
+        record_property(name, report.get(name))
     if out.state in ("died", "failed"):
-        pytest.fail(f"{job.id} on {box.card.name}: the sweep job {out.state}; tail of sweep.log:\n"
-                    f"{out.log_tail}", pytrace=False)
+        why = out.summary.get("stop")
+        pytest.fail(f"{job.id} on {box.card.name}: the sweep job {out.state}"
+                    f"{f' ({why})' if why else ''}; tail of sweep.log:\n{out.log_tail}",
+                    pytrace=False)
     if out.fetch_error:
         pytest.fail(f"{job.id}: {out.fetch_error}", pytrace=False)
     if result.merge_error:

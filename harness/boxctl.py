@@ -1,13 +1,15 @@
-"""The controller's handle on one box: push the code, set up, probe, plan, run jobs, harvest.
+"""The controller's handle on one box: push the code, set up, probe, start the session, watch it.
 
 Everything long-running runs inside the box's named tmux sessions; the controller only makes
 short calls (start a session, one poll, fetch a file), so a dropped connection costs a poll,
-never the work.  The box folder (``base``, default ``~/.local/share/emmy/node-collect``) is the
-tool's own (marked ``.collect-node-data``) and one controller at a time holds its lock
-(:mod:`harness.remote.boxdir`).  Layout: ``repo/ setup.log setup.status probe.json pool.json
-sweep.log sweep.status current-job.json lock.json`` and one folder per run,
-``rows/<run_id>/`` (``owner.json``, the run's ``ledger.json``, ``<slice>-<kind>.jsonl``,
-``worker.log``) and ``summary/<run_id>/<slice>-<kind>.json``.
+never the work.  After setup the controller sends the box one request for the whole session
+(:class:`~harness.contract.SessionSpec`); the box service runs every job on its own clock and
+says how each went in ``status.json``; the controller watches that, fetches each job's rows as
+it ends and merges them while the box measures on.  The box folder (``base``, default
+``~/.local/share/emmy/node-collect``) is the tool's own (marked ``.collect-node-data``) and one
+controller at a time holds its lock (:mod:`harness.remote.boxdir`).  Layout: ``repo/ setup.log
+setup.status probe.json sweep.log sweep.status current-session.json lock.json``, and the
+session's files as :class:`~harness.contract.Layout` places them.
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ import shlex
 import tempfile
 import time
 import warnings
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import harness
-from harness.box import BOX_PINS
+from harness.contract import (
+    BOX_PINS,
+    BUDGET_GRACE_S,
+    ENDED,
+    SESSION_ENDED,
+    Entry,
+    Layout,
+    SessionSpec,
+    SessionStatus,
+    count_statuses,
+)
 from harness.interrupts import Interrupted
 from harness.remote.boxdir import BoxLock
 from harness.remote.tmux import SETUP_SESSION, SWEEP_SESSION, JobState, Tmux
@@ -36,8 +47,9 @@ DEFAULT_BASE = "~/.local/share/emmy/node-collect"
 CODE_ROOT = Path(harness.__file__).resolve().parent.parent
 _EXCLUDE = ("__pycache__", "*.pyc", ".pytest_cache")
 RECONNECT_S = 900.0  # how long a start, stop or fetch waits for a box that stopped answering
-# How long a job asked to stop may take to finish its point before its service is ended.
-STOP_WAIT_S = 60.0
+# How long a session asked to stop may take to end its point before its service is ended.
+STOP_WAIT_S = BUDGET_GRACE_S + 40.0
+CURRENT_SESSION = "current-session.json"  # the session the box folder's service runs
 
 T = TypeVar("T")
 
@@ -74,9 +86,8 @@ class BoxDriver:
     reconnect_s: float = RECONNECT_S
     lock: BoxLock | None = None  # taken by the collection before anything else
     chosen_python: str | None = None  # the Python setup found with torch and Triton
-    service_idle_s: float = 600.0  # the service ends when its controller is silent this long
-    service_run: str | None = None  # the run whose service is up
-    job_seq: int = 0
+    session: Layout | None = None  # the session this driver started (or settles)
+    status: SessionStatus | None = None  # its newest status seen
 
     def __post_init__(self) -> None:
         if self.base.startswith("~"):
@@ -87,40 +98,40 @@ class BoxDriver:
 
     # -- setup --------------------------------------------------------------------------------
     def settle_orphan(self, say: Callable[[str], None], wait_s: float = 3600.0) -> None:
-        """With the lock held, a live sweep session was left by a controller that is gone: wait
-        for its job to end (its allotment bounds it), then stop what is left, so its rows can be
-        harvested.  A sweep session of unknown origin is refused."""
+        """With the lock held, a live sweep session was left by a controller that is gone: let
+        the job in flight end (its allotment bounds it) and run nothing after it (the next run
+        plans what is left anew), so its rows can be harvested.  A sweep session of unknown
+        origin is refused."""
         if not self.tmux.alive(SWEEP_SESSION):
             return
         try:
-            job = self.read_json(self.path("current-job.json"))
+            cur = self.read_json(self.path(CURRENT_SESSION))
         except (BoxError, ValueError):
-            job = None
+            cur = None
         sock = f" -L {self.tmux.socket}" if self.tmux.socket else ""
-        if not isinstance(job, dict) or not isinstance(job.get("limit_s"), (int, float)):
+        if not isinstance(cur, dict) or not all(isinstance(cur.get(k), str)
+                                                for k in ("run_id", "session_id")):
             raise BoxError(
                 f"a sweep is already running on {self.transport.name} (tmux session "
                 f"{SWEEP_SESSION!r}) that no run of this box folder started; watch it with "
                 f"`tmux{sock} attach -t {SWEEP_SESSION}` or end it with "
                 f"`tmux{sock} kill-session -t {SWEEP_SESSION}`, then run again")
-        left = float(job.get("started", 0)) + float(job["limit_s"]) - time.time()
-        left = max(0.0, min(left, wait_s))
-        done = str(job.get("done") or "")
-
-        def finished() -> bool:
-            if done and self.transport.run(["test", "-e", done], check=False).rc == 0:
-                return True
-            return not self.tmux.alive(SWEEP_SESSION)
-
-        if not finished():
-            say(f"box {self.transport.name}: job {job.get('slice')}-{job.get('kind')} of run "
-                f"{job.get('run_id')} (its controller is gone) is still measuring; waiting up to "
-                f"{left:.0f}s for it to end, then its rows are merged")
-            deadline = self.clock() + left
-            while not finished() and self.clock() < deadline:
-                self.sleep(min(self.poll_s, 10.0, max(0.05, deadline - self.clock())))
-        if self.tmux.alive(SWEEP_SESSION):  # the orphan's service (idle now) or its stuck job
-            self.stop()
+        self.session = Layout(self.base, cur["run_id"], cur["session_id"])
+        try:
+            status, _, _ = self.poll_session()
+            running = status.entry(status.current) if status and status.current else None
+            if status is not None and not status.final:
+                left = min(wait_s, (running.allotment_s if running else 0.0)
+                           + BUDGET_GRACE_S + 30.0)
+                what = f"job {running.id}" if running else "its session"
+                say(f"box {self.transport.name}: {what} of run {cur['run_id']} (its controller is "
+                    f"gone) is still measuring; waiting up to {left:.0f}s for it to end, then "
+                    "its rows are merged")
+                self.stop_session(now=False, wait_s=left, say=say)
+            if self.tmux.alive(SWEEP_SESSION):  # an idle or stuck service
+                self.stop()
+        finally:
+            self.session, self.status = None, None
 
     def quick_card(self) -> tuple[str, str]:
         """The box's GPU as the driver names it, in one short call and before any setup:
@@ -278,136 +289,152 @@ mv {status}.tmp {status}
                     told = True
                 self.sleep(min(self.poll_s, max(0.05, deadline - self.clock())))
 
-    # -- plan and jobs ------------------------------------------------------------------------
-    def plan(self, pool_args: Sequence[str], ledger: str) -> dict[str, Any]:
-        argv = [self.box_python, "-m", "harness.box", "plan", "--ledger", ledger,
-                "--out", self.path("pool.json"), *pool_args]
-        self.transport.run(["sh", "-c", f"cd {shlex.quote(self.path('repo'))} && {shlex.join(argv)}"],
-                           timeout=900, env=self.env)
-        return self.read_json(self.path("pool.json"))
-
-    # -- the box service and its jobs ---------------------------------------------------------
-    def service_path(self, run_id: str, *parts: str) -> str:
-        return self.path("service", run_id, *parts)
-
-    def start_service(self, run_id: str, args: Sequence[str],
-                      say: Callable[[str], None] | None = None, timeout_s: float = 900.0) -> None:
-        """Start the session's box service in tmux ``emmy-node-sweep`` and wait until it is up
-        (its probe, compile pool and bench worker started)."""
-        argv = [self.box_python, "-m", "harness.box", "serve", "--run-dir",
-                self.path("rows", run_id), "--service-dir", self.service_path(run_id),
-                "--idle-s", f"{self.service_idle_s:.0f}", *args]
-        ready = self.service_path(run_id, "ready.json")
+    # -- the session --------------------------------------------------------------------------
+    def start_session(self, spec: SessionSpec, say: Callable[[str], None] | None = None,
+                      timeout_s: float = 900.0) -> Layout:
+        """Send the session request and start the box service in tmux ``emmy-node-sweep``;
+        return once the service has claimed the request (its plan and jobs then go on without
+        the controller)."""
+        layout = Layout(self.base, spec.run_id, spec.session_id)
         self.transport.run(["mkdir", "-p", "-m", "700", self.path("service"),
-                            self.service_path(run_id)])
-        self.transport.run(["rm", "-f", ready], check=False)
+                            layout.service_dir])
+        with tempfile.TemporaryDirectory() as d:
+            req = Path(d) / "session.json"
+            req.write_text(spec.to_json() + "\n")
+            self.transport.put_file(req, layout.service("session.json"))
+            req.write_text(json.dumps({"run_id": spec.run_id, "session_id": spec.session_id,
+                                       "started": time.time()}) + "\n")
+            self.transport.put_file(req, self.path(CURRENT_SESSION))
+        argv = [self.box_python, "-m", "harness.box", "serve", "--session",
+                layout.service("session.json")]
         self._while_unreachable("starting the box service", lambda: self.tmux.start(
             SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
             status=self.path("sweep.status"), env=self.env), say)
-        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), ready, timeout_s, on_line=None)
+        self.session = layout
+        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), layout.service("status.json"),
+                           timeout_s, on_line=None)
         if state.status is None:
             alive = state.alive
             if alive:
                 self.stop()
-            raise BoxError(f"the box service did not come up on {self.transport.name} within "
-                           f"{timeout_s:.0f}s ({'still starting' if alive else 'it ended'}); tail "
-                           f"of sweep.log:\n{self.tail(self.path('sweep.log'), 40)}")
-        self.service_run = run_id
+            raise BoxError(f"the box service did not take the session on {self.transport.name} "
+                           f"within {timeout_s:.0f}s ({'still starting' if alive else 'it ended'}); "
+                           f"tail of sweep.log:\n{self.tail(self.path('sweep.log'), 40)}")
+        return layout
 
-    def end_service(self, wait_s: float = 30.0) -> None:
-        """Ask the service to end (the session is over); end it by force if it does not."""
-        if self.service_run is None:
-            return
-        self.transport.run(["touch", self.service_path(self.service_run, "quit")], check=False)
-        self.service_run = None
-        deadline = self.clock() + wait_s
-        while self.tmux.alive(SWEEP_SESSION) and self.clock() < deadline:
-            self.sleep(0.5)
-        if self.tmux.alive(SWEEP_SESSION):
-            self.stop()
-
-    def run_job(self, *, slice_: str, kind: str, budget_s: float, run_id: str,
-                job_fields: Mapping[str, Any], timeout_s: float, rows_dir: Path,
-                service_args: Sequence[str] = (),
-                on_line: Callable[[str], None] | None = None) -> JobOutcome:
-        """Hand one job to the box service, wait for it, bring its rows and summary home.
-
-        At ``timeout_s`` or on a first :class:`~harness.interrupts.Interrupted` the job is asked
-        to stop at its next point (and the service ended if it does not within
-        ``STOP_WAIT_S``); its rows still come home: the outcome is ``stopped`` or
-        ``interrupted``.  A second interrupt propagates at once; the rows then stay on the box
-        for the next run.  A service that died is started again for the next job."""
-        name = f"{slice_}-{kind}"
-        rows = self.path("rows", run_id, f"{name}.jsonl")
-        summary = self.path("summary", run_id, f"{name}.json")
-        outcome = JobOutcome(state="done", remote_rows=rows)
-        t0 = self.clock()
-        if self.service_run != run_id or not self.tmux.alive(SWEEP_SESSION):
-            if on_line:
-                on_line("starting the box service")
-            self.start_service(run_id, service_args, on_line)
-        self.job_seq += 1
-        req = self.service_path(run_id, f"job-{self.job_seq:04d}.json")
-        done = req[: -len(".json")] + ".done"
-        stop_file = req[: -len(".json")] + ".stop"
-        fields = {**job_fields, "slice": slice_, "kind": kind, "budget_s": budget_s,
-                  "rows_path": rows, "ledger_path": self.run_ledger(run_id),
-                  "summary_path": summary, "run_id": run_id}
-        with tempfile.TemporaryDirectory() as d:
-            job = Path(d) / "job.json"
-            job.write_text(json.dumps({"run_id": run_id, "slice": slice_, "kind": kind,
-                                       "started": time.time(), "limit_s": timeout_s,
-                                       "done": done}))
-            self._while_unreachable("starting the job", lambda: self.transport.put_file(
-                job, self.path("current-job.json")), on_line)
-            job.write_text(json.dumps(fields))
-            self._while_unreachable("starting the job", lambda: self.transport.put_file(
-                job, req), on_line)
-        marks = (f"{slice_} {kind}", name)
-
-        def mine(line: str) -> bool:
-            return any(m in line for m in marks)
-
-        try:
-            state = self._wait(SWEEP_SESSION, self.path("sweep.log"), done, timeout_s,
-                               on_line=on_line, mine=mine)
-            if state.status is None and state.alive:  # the job's time ran out: ask it to stop
-                outcome.state = "stopped"
-                state = self._stop_job(stop_file, done, on_line, mine)
-        except Interrupted as exc:
-            if exc.second:
-                raise
-            outcome.state, outcome.interrupted = "interrupted", exc
-            if on_line:
-                on_line(f"{exc.signame}: stopping the job and bringing its rows home (again to "
-                        "leave at once: its rows stay on the box and the next run merges them)")
-            state = self._stop_job(stop_file, done, on_line, mine)
-        if state.status is None:
-            if not state.alive and outcome.state == "done":
-                code = self.transport.run(["cat", self.path("sweep.status")], check=False)
-                outcome.state = "failed" if code.stdout.strip() not in ("", "0") else "died"
-            self.service_run = None  # started again for the next job
-        else:
+    def poll_session(self, wait_s: float = 0.0, entry_id: str | None = None
+                     ) -> tuple[SessionStatus | None, bool | None, str]:
+        """One call: the session's status (None before the service wrote one), whether its
+        tmux session is alive (None: the box did not answer) and the log's newest line.  With
+        ``wait_s`` the call waits on the box until the run ``entry_id`` (None: the session)
+        has ended, for up to that long."""
+        assert self.session is not None
+        ended = shlex.quote(self.session.service(ENDED))
+        words = " ".join(f"-e {shlex.quote(w)}" for w in ([entry_id] if entry_id else [])
+                         + [SESSION_ENDED])
+        state = self.tmux.poll(SWEEP_SESSION, log=self.path("sweep.log"),
+                               status=self.session.service("status.json"),
+                               extra=self._heartbeat(), wait_s=wait_s,
+                               until=f"grep -qxF {words} {ended} 2>/dev/null")
+        status = None
+        if state.status:
             try:
-                word = json.loads(state.status).get("status")
-            except (ValueError, AttributeError):
-                word = "failed"
-            if word != "ok" and outcome.state == "done":
-                outcome.state = "failed"
-        outcome.elapsed_s = self.clock() - t0
-        local_rows = rows_dir / run_id / f"{name}.jsonl"
+                status = SessionStatus.from_json(state.status)
+            except (ValueError, TypeError, KeyError):
+                status = None  # caught mid-write by an older reader: the next poll reads it
+        if status is not None:
+            self.status = status
+        return status, state.alive, state.last_line
+
+    def wait_entry(self, entry_id: str | None, deadline: float,
+                   on_line: Callable[[str], None] | None = None,
+                   on_status: Callable[[SessionStatus], None] | None = None,
+                   mine: Callable[[str], bool] = lambda line: True) -> str:
+        """Poll until the session's entry ``entry_id`` is final (None: the whole session),
+        and say why the wait ended: ``final``, ``dead`` (the service is gone without ending
+        the session: two polls in a row) or ``timeout`` (``deadline`` on this clock).  Each
+        poll hands the log's newest line to ``on_line`` when ``mine`` says it is the waiter's,
+        and the status to ``on_status``.  A poll the box does not answer is not a dead
+        session: say so once, keep waiting."""
+        dead_polls = 0
+        last_seen = ""
+        down_since: float | None = None
+        while True:
+            t0 = self.clock()
+            status, alive, line = self.poll_session(
+                max(0.0, min(self.poll_s, deadline - t0)), entry_id)
+            if alive is None:
+                if down_since is None:
+                    down_since = self.clock()
+                    if on_line:
+                        on_line(f"box {self.transport.name} unreachable; the session goes on in "
+                                "tmux, still waiting")
+            elif down_since is not None:
+                if on_line:
+                    on_line(f"box {self.transport.name} answers again after "
+                            f"{self.clock() - down_since:.0f}s")
+                down_since = None
+            if status is not None and on_status:
+                on_status(status)
+            if on_line and line and line != last_seen and mine(line):
+                last_seen = line
+                on_line(line)
+            if status is not None:
+                entry = status.entry(entry_id) if entry_id else None
+                if status.final or (entry is not None and entry.final):
+                    return "final"
+            if alive is None:
+                dead_polls = 0
+            elif not alive:
+                dead_polls += 1
+                if dead_polls >= 2:
+                    return "dead"
+            else:
+                dead_polls = 0
+            if self.clock() >= deadline:
+                return "timeout"
+            # the call waited on the box already, unless the box did not answer or is gone
+            rest = self.poll_s - (self.clock() - t0)
+            if rest > 0.05 and (alive is None or dead_polls):
+                self.sleep(min(rest, max(0.05, deadline - self.clock())))
+
+    def stop_session(self, now: bool = True, wait_s: float = STOP_WAIT_S,
+                     say: Callable[[str], None] | None = None) -> str:
+        """Ask the session to end: ``now`` at the job's next point, else after the job in
+        flight (``drain``); end the service by force if it has not within ``wait_s``.
+        Returns how the wait ended (see :meth:`wait_entry`; ``killed``: by force)."""
+        assert self.session is not None
+        flag = self.session.service("stop" if now else "drain")
+        self._while_unreachable("stopping the session", lambda: self.transport.run(
+            ["touch", flag], timeout=60), say)
+        why = self.wait_entry(None, self.clock() + wait_s, None)
+        if why == "final":
+            return why
+        self._while_unreachable("stopping the session", self.stop, say)
+        self.poll_session()
+        return "killed"
+
+    def fetch_entry(self, entry: Entry, rows_dir: Path,
+                    say: Callable[[str], None] | None = None) -> JobOutcome:
+        """Bring one run's rows and summary home (they stay on the box too).  A box that does
+        not answer is waited for; one that never does leaves the rows there for the next
+        run (``fetch_error``)."""
+        assert self.session is not None
+        rows = self.session.rows(entry.id)
+        outcome = JobOutcome(state=entry.state, remote_rows=rows, elapsed_s=entry.elapsed_s)
+        local_rows = rows_dir / self.session.run_id / f"{entry.id}.jsonl"
 
         def harvest() -> None:
             outcome.rows_path = local_rows if self.transport.get_file(rows, local_rows) else None
             try:
-                outcome.summary = self.read_json(summary)
-            except BoxError:
+                outcome.summary = self.read_json(self.session.summary(entry.id))  # type: ignore[union-attr]
+            except (BoxError, ValueError):
                 outcome.summary = {}
-            if outcome.state not in ("done", "stopped", "interrupted"):
+            if entry.state not in ("done", "stopped", "skipped"):
                 outcome.log_tail = self.tail(self.path("sweep.log"), 40)
 
         try:
-            self._while_unreachable(f"fetching the rows of {name}", harvest, on_line)
+            self._while_unreachable(f"fetching the rows of {entry.id}", harvest, say)
         except BoxError as exc:
             outcome.fetch_error = (f"{exc}; the rows stay on the box in {rows}: the next run with "
                                    "this node table merges them first")
@@ -419,79 +446,50 @@ mv {status}.tmp {status}
                                    "first")
         if not outcome.summary and outcome.rows_path:
             # the job was ended before it wrote its summary: count what its rows file holds
-            outcome.summary = _count_rows(outcome.rows_path)
-            if outcome.state == "stopped":
-                outcome.summary["stop"] = f"its {timeout_s:.0f}s limit reached; harvested"
-        elif outcome.state == "stopped" and outcome.summary.get("stop") == "stopped on request":
-            outcome.summary["stop"] = f"its {timeout_s:.0f}s limit reached; harvested"
+            with outcome.rows_path.open("rb") as fh:
+                outcome.summary = count_statuses(fh)
+        if entry.reason:
+            outcome.summary.setdefault("stop", entry.reason)
         return outcome
 
-    def _stop_job(self, stop_file: str, done: str, on_line: Callable[[str], None] | None,
-                  mine: Callable[[str], bool]) -> JobState:
-        """Ask the running job to stop at its next point; end the service if it does not."""
-        self._while_unreachable("stopping the job", lambda: self.transport.run(
-            ["touch", stop_file], timeout=60), on_line)
-        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), done, STOP_WAIT_S, on_line,
-                           mine)
-        if state.status is None:
-            self._while_unreachable("stopping the job", self.stop, on_line)
-            self.service_run = None
-            state = JobState(alive=False, status=None, last_line=state.last_line)
-        return state
-
     def stop(self) -> None:
-        """End the sweep session and the job's processes (harvest, never abandon): the job
-        ends through its clean-up (rows synced, summary written) or, after two tries, is
-        killed; this returns once none of them is left."""
-        # only this box folder's job (its argv names our rows folder); its bench worker exits
-        # when the job's end of the pipe closes
-        pattern = "[h]arness[.]box (run|serve) .*" + re.escape(self.path("rows"))
+        """End the sweep session and the service's processes (harvest, never abandon): the
+        service ends through its clean-up (rows synced, status written) or, after two tries,
+        is killed; this returns once none of it is left.  Only this box folder's session is
+        touched: processes are matched by the exact path of its request, which names the
+        run's unique id."""
+        pattern = None
+        if self.session is not None:
+            pattern = ("[h]arness[.]box serve --session "
+                       + re.escape(self.session.service("session.json")) + "( |$)")
         for attempt in range(8):
             self.tmux.kill(SWEEP_SESSION)
-            if attempt:
-                sig = "-9" if attempt >= 3 else "-15"
-                self.transport.run(["pkill", sig, "-f", "--", pattern], check=False, timeout=60)
-            left = self.transport.run(["pgrep", "-f", "--", pattern], check=False, timeout=60)
-            if left.rc != 0 and not self.tmux.alive(SWEEP_SESSION):
-                return
+            if pattern is None:
+                if not self.tmux.alive(SWEEP_SESSION):
+                    return
+            else:
+                if attempt:
+                    sig = "-9" if attempt >= 3 else "-15"
+                    self.transport.run(["pkill", sig, "-f", "--", pattern], check=False,
+                                       timeout=60)
+                left = self.transport.run(["pgrep", "-f", "--", pattern], check=False, timeout=60)
+                if left.rc != 0 and not self.tmux.alive(SWEEP_SESSION):
+                    return
             self.sleep(1.0 if attempt < 3 else 3.0)
 
     def _heartbeat(self) -> str:
-        """What every poll touches: the box's lock (other controllers see it held) and the
-        service's ``alive`` (the service sees its controller)."""
-        parts = [self.lock.heartbeat_line()] if self.lock else []
-        if self.service_run:
-            parts.append(f"touch {shlex.quote(self.service_path(self.service_run, 'alive'))} "
-                         "2>/dev/null")
-        return "; ".join(parts)
+        """What every poll touches: the box's lock (other controllers see it held)."""
+        return self.lock.heartbeat_line() if self.lock else ""
 
     def _wait(self, session: str, log: str, status: str, timeout_s: float,
-              on_line: Callable[[str], None] | None,
-              mine: Callable[[str], bool] = lambda line: True) -> JobState:
-        """Poll until the session writes its status, dies twice in a row, or time runs out.
-
-        Each poll hands the log's newest line to ``on_line`` (the box's ``[batch N]`` progress);
-        a poll the box does not answer is not a dead session: say so once, keep waiting."""
+              on_line: Callable[[str], None] | None) -> JobState:
+        """Poll until the session writes ``status``, dies twice in a row, or time runs out
+        (setup, and a service taking its request)."""
         deadline = self.clock() + timeout_s
         dead_polls = 0
-        last_seen = ""
-        down_since: float | None = None
         while True:
             state = self.tmux.poll(session, log=log, status=status, extra=self._heartbeat())
-            if state.alive is None:
-                if down_since is None:
-                    down_since = self.clock()
-                    if on_line:
-                        on_line(f"box {self.transport.name} unreachable; the job goes on in tmux, "
-                                f"still waiting")
-            elif down_since is not None:
-                if on_line:
-                    on_line(f"box {self.transport.name} answers again after "
-                            f"{self.clock() - down_since:.0f}s")
-                down_since = None
-            if on_line and state.last_line and state.last_line != last_seen \
-                    and mine(state.last_line):  # never another job's line
-                last_seen = state.last_line
+            if on_line and state.last_line:
                 on_line(state.last_line)
             if state.status is not None:
                 return state
@@ -505,26 +503,4 @@ mv {status}.tmp {status}
                 dead_polls = 0
             if self.clock() >= deadline:
                 return JobState(alive=True, status=None, last_line=state.last_line)
-            self.sleep(min(self.poll_s, max(0.05, deadline - self.clock())))
-
-
-def _count_rows(path: Path) -> dict[str, Any]:
-    """benched / ok / failed of a rows file (its unreadable lines are left to the merge)."""
-    statuses: Counter[str] = Counter()
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            statuses[str(json.loads(line).get("status"))] += 1
-        except (ValueError, AttributeError):
-            continue
-    n = sum(statuses.values())
-    return {"benched": n, "ok": statuses["ok"], "failed": n - statuses["ok"],
-            "statuses": dict(statuses)}
-
-
-def pool_args(opts: Mapping[str, Any]) -> list[str]:
-    out = ["--max-dist", str(opts["max_dist"]), "--tail-cap", str(opts["tail_cap"])]
-    if opts.get("filter"):  # one word: a value that starts with "-" stays a value
-        out.append(f"--filter={opts['filter']}")
-    if opts.get("baselines") is not None:
-        out.append(f"--baselines={opts['baselines']}")
-    return out
+            self.sleep(min(self.poll_s, 2.0, max(0.05, deadline - self.clock())))

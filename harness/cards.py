@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -222,3 +223,22 @@ def parse_gpu_option(value: str) -> list[str]:
             continue
         by_alias(item)
     return items
+
+
+def card_from_probe(info: dict[str, Any]) -> Card:
+    """The catalog card for a probe; an uncatalogued GPU gets an entry from its live limits."""
+    if info["regime"] == INTERPRET:
+        if info["card"] == INTERPRETER.name:
+            return INTERPRETER
+        # a CPU box labelled as another card (test seam): that name, the interpreter's limits
+        return replace(INTERPRETER, name=info["card"])
+    card = canonicalize(info["device_name"])
+    if card is not None:
+        return card
+    slug = re.sub(r"[^a-z0-9]+", "-", info["device_name"].lower()).strip("-")
+    smem = info.get("smem_optin") or 48 * 1024
+    return Card(name=info["device_name"], aliases=(slug,), cc=tuple(info["cc"]),  # type: ignore[arg-type]
+                sm_count=info["sm_count"], smem_optin=smem,
+                smem_per_sm=info.get("smem_per_sm") or smem, l2_bytes=info.get("l2_bytes") or 0,
+                mem_gb=(info.get("mem_bytes") or 0) / 1e9, mem_bw_gbs=0.0,
+                peak_fp16_tflops=0.0, peak_fp32_tflops=0.0)

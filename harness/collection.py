@@ -23,19 +23,27 @@ from typing import Any
 
 import pytest
 
-from harness import cards, pools, shipped
-from harness.box.runner import new_run_id
-from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome, pool_args
+from harness import cards, pools
+from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome
+from harness.contract import (
+    BUDGET_GRACE_S,
+    MIN_JOB_S,
+    Entry,
+    SessionSpec,
+    SessionStatus,
+    new_run_id,
+)
 from harness.intake import owner_record, source, take_in_leftovers, write_owner
 from harness.interrupts import Interrupted, Interrupts
 from harness.ledger import Ledger
 from harness.options import RunOptions
 from harness.owner import Owner
-from harness.planner import BudgetPlan, Job
+from harness.planner import Job
 from harness.remote.boxdir import BoxDirError, BoxLock
 from harness.remote.tmux import Tmux
 from harness.remote.transport import LocalTransport
 from harness.rows import RejectedRows
+from harness.sessions import make_spec
 from harness.slices import SLICES
 from harness.store import (
     MergeReceipt,
@@ -47,13 +55,9 @@ from harness.store import (
 )
 
 JobKey = tuple[str, Job]  # (--gpu token, job)
-# The box service is up before the first job, so a job's own start is its pool build and a
-# request's round trip (about 1-2 s): an allotment below this would measure nothing.
-MIN_JOB_S = 3.0
-JOB_OVERHEAD_S = 2.0
-# Seconds a point takes where this card has no history yet: an H200 sweep of 300 s measured
-# 3348 points in 302 s of jobs; the interpreter on a 2-core machine about half a second.
-DEFAULT_S_PER_POINT = {"deployable": 0.09, "interpret": 0.5}
+# The controller's default limit on a card's session (--timeout-s): the budget and this much
+# per job (the box bounds each job within the grace of its allotment; the rest is slack).
+SLACK_PER_JOB_S = BUDGET_GRACE_S + 60.0
 
 
 class BoxUnusable(BoxError):
@@ -100,18 +104,42 @@ class JobResult:
 
 @dataclass
 class BoxState:
-    """A prepared box and the plan of the jobs that run on it."""
+    """A prepared box and the session it runs.  ``entries`` is the controller's view of every
+    run the box reported (of this session, and of an earlier one of this run whose service
+    died), by entry id; ``fetched`` those whose rows came home."""
 
     gpu: str
     driver: BoxDriver
     probe: dict[str, Any]
     card: cards.Card
-    pool: dict[str, Any]
-    plan: BudgetPlan
+    spec: SessionSpec
     setup_s: float
     leftovers: dict[str, Any] = field(default_factory=dict)  # what earlier runs left, merged
     reported: bool = False  # the leftovers went into a job's report
     started: float = field(default_factory=time.monotonic)
+    entries: dict[str, Entry] = field(default_factory=dict)
+    fetched: set[str] = field(default_factory=set)
+    session_over: bool = False  # its last session ended and everything it ran is home
+    stopped_by: str | None = None  # why the controller stopped the session (--timeout-s, …)
+    sessions: int = 1
+    spent_before_s: float = 0.0  # box seconds charged by this run's earlier sessions
+    status: SessionStatus | None = None
+    budget_s: float = 0.0  # --budget-s: the card's, over all its sessions
+
+    def see(self, status: SessionStatus) -> None:
+        """A status of the running session: its entries join the view."""
+        self.status = status
+        for e in status.entries:
+            old = self.entries.get(e.id)
+            if old is None or not old.final or e.final:
+                self.entries[e.id] = e
+
+    @property
+    def spent_s(self) -> float:
+        return self.spent_before_s + (self.status.spent_s if self.status else 0.0)
+
+    def left_s(self) -> float:
+        return max(0.0, self.budget_s - self.spent_s)
 
 
 class Collection:
@@ -219,7 +247,7 @@ class Collection:
         progress(f"box {transport.name}: setup in tmux session emmy-node-setup")
         probe = driver.setup()
         card = self._check_card(gpu, probe)
-        progress(f"box {transport.name}: card {card.name} ({probe['regime']}); planning pools")
+        progress(f"box {transport.name}: card {card.name} ({probe['regime']})")
         record = owner_record(self.owner, run_id=self.run_id, db_id=self.db_id,
                               db_path=str(self.db_path), merge=self.merging, gpu=gpu)
         try:
@@ -230,46 +258,24 @@ class Collection:
                            f"{exc.strerror or exc} (--rows-dir, --ledger); free space or choose "
                            "another folder; nothing was measured") from None
         driver.start_run(self.run_id, record, self.ledger_path)
-        pool = driver.plan(pool_args(self.opts.pool_fields()), driver.run_ledger(self.run_id))
-        mine = [k for k in self.order if k[0] == gpu]
-        counts = {j: sum(pool["remaining"][j.slice].get(j.kind, {}).values()) for _, j in mine}
-        rates = self._rates(card.name, probe["regime"], {j.kind for _, j in mine})
-        heavy = pool.get("compile_baselines", {})
-        compile_s = self._compile_baseline_s(card.name, probe["regime"], {j.kind for _, j in mine})
-        extra = {j: n * compile_s[j.kind] for _, j in mine
-                 if (n := sum(heavy.get(j.slice, {}).get(j.kind, {}).values()))}
-        plan = BudgetPlan(self.opts.budget_s, self.shares, counts, order=[j for _, j in mine],
-                          s_per_point=rates, job_overhead_s=JOB_OVERHEAD_S, extra_s=extra,
-                          min_job_s=MIN_JOB_S)
-        if plan.order:  # (a run with nothing to measure needs no service)
-            progress(f"box {transport.name}: starting the box service (tmux session "
-                     "emmy-node-sweep)")
-            driver.start_service(self.run_id, self.opts.service_args(), progress)
-        state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, pool=pool, plan=plan,
-                         setup_s=time.monotonic() - t0, leftovers=leftovers)
+        jobs = [j for g, j in self.order if g == gpu]
+        spec = self._spec(card, probe["regime"], jobs, self.opts.budget_s, self.run_id)
+        progress(f"box {transport.name}: starting the session ({len(jobs)} jobs, budget "
+                 f"{spec.budget_s:.0f}s) in tmux session emmy-node-sweep")
+        driver.start_session(spec, progress)
+        state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, spec=spec,
+                         setup_s=time.monotonic() - t0, leftovers=leftovers,
+                         budget_s=self.opts.budget_s)
         self.boxes[gpu] = state
         return state
 
-    def _rates(self, card: str, regime: str, kinds: set[str]) -> dict[str, float]:
-        """Seconds a point of each kind takes on this card: the node table's history (the
-        median pace of earlier jobs), else a default for the regime."""
-        rates = {k: DEFAULT_S_PER_POINT.get(regime, 0.1) for k in kinds}
-        if self.merging:
-            with NodeStore(self.db_path) as store:
-                rates.update({k: v for k, v in store.paces(card, regime).items() if k in kinds})
-        return rates
-
-    def _compile_baseline_s(self, card: str, regime: str, kinds: set[str]) -> dict[str, float]:
-        """kind → seconds torch.compile's baseline of a shape takes on this card: the node
-        table's history of that kind (Inductor's autotuning of a fused GEMM costs several times
-        a reduction's), else of any kind on this card, else a default."""
-        if not self.merging:
-            return dict.fromkeys(kinds, shipped.COMPILE_BASELINE_S)
-        with NodeStore(self.db_path) as store:
-            card_s = store.point_cost(card, regime, shipped.COMPILE_SPEC)
-            fallback = shipped.COMPILE_BASELINE_S if card_s is None else card_s
-            seen = {k: store.point_cost(card, regime, shipped.COMPILE_SPEC, k) for k in kinds}
-        return {k: fallback if s is None else s for k, s in seen.items()}
+    def _spec(self, card: cards.Card, regime: str, jobs: list[Job], budget_s: float,
+              session_id: str) -> SessionSpec:
+        """The session request: these jobs, this budget, the node table's paces of the card."""
+        return make_spec(run_id=self.run_id, session_id=session_id, budget_s=budget_s,
+                         shares=self.shares, jobs=jobs, card=card.name, regime=regime,
+                         db=self.db_path if self.merging else None, sweep=self.opts.sweep,
+                         tools=self.opts.tools)
 
     def _save_ledger(self) -> None:
         """Save the node table's ledger at ``--ledger`` (pushed to the box for this run): a
@@ -301,10 +307,15 @@ class Collection:
             warnings.warn(CollectWarning(msg), stacklevel=1)
             return {"error": msg}
 
-    def _merge(self, files: list[RowsFile]) -> MergeReceipt:
-        """Merge rows files into the node table now; a first Ctrl-C waits until it is done."""
+    def _merge(self, files: list[RowsFile],
+               keep: Callable[[MergeReceipt], None] | None = None) -> MergeReceipt:
+        """Merge rows files into the node table now; a first Ctrl-C waits until it is done
+        (``keep`` is handed the receipt before that Ctrl-C is raised)."""
         with self.interrupts.shielded(), NodeStore(self.db_path) as store:
-            return store.merge_files(files, RejectedRows(self.rejected_path))
+            receipt = store.merge_files(files, RejectedRows(self.rejected_path))
+            if keep is not None:
+                keep(receipt)
+            return receipt
 
     def _rent(self, gpu: str, progress: Callable[[str], None]) -> Any:
         """Rent a server for ``gpu`` through ``--provider``; its lease is on disk at once."""
@@ -406,9 +417,7 @@ class Collection:
                            "the box's card, or a box with that card")
 
     def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:
-        from harness.box.probe import card_from_probe
-
-        card = card_from_probe(probe)
+        card = cards.card_from_probe(probe)
         if gpu not in (cards.LOCAL, cards.AUTO):
             want = cards.by_alias(gpu)
             if want.name != card.name:
@@ -418,15 +427,18 @@ class Collection:
         return card
 
     def close_box(self, gpu: str, progress: Callable[[str], None]) -> None:
-        """Give the box's lock back, close the connection, release a rented server: each step
-        runs even when the one before it failed.  After a second Ctrl-C nothing slow runs."""
+        """End the box's session if it still runs and bring home what it measured, give the
+        box's lock back, close the connection, release a rented server: each step runs even
+        when the one before it failed.  After a second Ctrl-C nothing slow runs."""
         driver = self.drivers.get(gpu)
+        box = self.boxes.get(gpu)
         try:
             if driver is not None:
                 try:
                     if not self.interrupts.leaving:
                         with self.interrupts.shielded():
-                            driver.end_service()
+                            if box is not None and not box.session_over:
+                                self._end_session(box, progress)
                             if driver.lock is not None:
                                 driver.lock.release()
                 finally:
@@ -434,104 +446,263 @@ class Collection:
         finally:
             self.release(gpu, progress)
 
-    # -- jobs --------------------------------------------------------------------------------
+    # -- jobs: the box runs them; each test waits for its own, brings it home, merges it -------
     def run_job(self, key: JobKey, box: BoxState, progress: Callable[[str], None],
                 nodeid: str = "") -> JobResult:
+        """Wait until the box says how ``key``'s job went, fetch and merge its rows (the box
+        measures the next job meanwhile) and report it; the card's last job also waits for the
+        session's end and brings its top-ups home."""
         gpu, job = key
         res = self.results[key]
-        if self.shares.get(job.slice, 0) == 0:
-            res.skipped = f"--share-{job.slice}=0: the {job.slice} slice is skipped"
-            return res
-        if job not in box.plan.order:
-            res.skipped = self._nothing_left(job, box)
-            return res
-        allot = box.plan.allotment(job)
-        res.allotment_s = allot
-        if allot < MIN_JOB_S:
-            box.plan.skip(job)
-            res.skipped = (f"no budget left for this job ({allot:.1f}s allotted; under "
-                           f"{MIN_JOB_S:.0f}s it would measure nothing)")
-            if box.plan.next_job is None:
-                res.top_ups = self._top_ups(box, progress, nodeid)
-            return res
-        o = self.opts
-        bound = min(o.point_timeout_s, 20.0) + 60  # the job cuts a point at the budget's end
-        timeout = allot + bound
-        by_option = False
-        if o.timeout_s:
-            left = o.timeout_s - (time.monotonic() - box.started)
-            if left <= 0:  # a job stopped at --timeout-s was harvested; the rest do not start
-                box.plan.skip(job)
-                res.skipped = f"--timeout-s={o.timeout_s:g} reached: the sweep was stopped"
-                return res
-            by_option = left < timeout
-            timeout = min(timeout, left)
-        k, n = box.plan.order.index(job) + 1, len(box.plan.order)
-        say = self._say(progress, gpu, job, f"job {k} of {n}", box.plan.remaining_s)
-        say(f"{allot:.0f}s allotted")
-        outcome, res.merge, res.merge_error = self._run_and_merge(
-            key, box, allot, timeout, say, nodeid, res)
-        box.plan.record(job, outcome.elapsed_s)
-        benched = int(outcome.summary.get("benched") or 0)
-        # this run's own pace, for later jobs (not from a job that measured compile baselines)
-        if benched >= 20 and outcome.state == "done" and not box.plan.extra_s.get(job):
-            box.plan.learn(job.kind, max(0.0, outcome.elapsed_s - JOB_OVERHEAD_S) / benched)
-        if outcome.state == "stopped" and by_option:
-            outcome.summary["stop"] = f"--timeout-s={o.timeout_s:g} reached; harvested"
-        res.outcome = outcome
-        if outcome.interrupted is not None:
-            self._end_interrupted(key, outcome, res.merge, nodeid)
-        if box.plan.next_job is None:
-            res.top_ups = self._top_ups(box, progress, nodeid)
+        say = self._sayer(progress, box, job)
+        try:
+            entry = self._await(box, job.id, say)
+            res.allotment_s = entry.allotment_s
+            if entry.state == "skipped":
+                res.skipped = self._skip_reason(box, entry)
+            else:
+                self._harvest(box, entry, say)
+            if key == self.last_job(gpu):
+                self._finish(box, progress)
+        except Interrupted as exc:
+            if exc.second:  # leave at once, still say where things are
+                where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
+                res.outcome = res.outcome or JobOutcome(state="interrupted", remote_rows=where)
+                res.outcome.summary.setdefault(
+                    "stop", f"{exc.signame} twice: left at once; its rows stay on the box in "
+                    f"{where}")
+                if self.harvest is not None:
+                    self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
+                                          reason=f"{exc.signame} twice: left at once")
+                raise
+            self._interrupted(key, box, exc, say, nodeid)
         return res
 
-    @staticmethod
-    def _say(progress: Callable[[str], None], gpu: str, job: Job, where: str,
-             session_left: float) -> Callable[[str], None]:
-        started = time.monotonic()
+    def last_job(self, gpu: str) -> JobKey | None:
+        mine = [k for k in self.order if k[0] == gpu]
+        return mine[-1] if mine else None
+
+    def _deadline(self, box: BoxState) -> float:
+        """When the controller stops the card's session (--timeout-s, from the end of setup;
+        by default the budget and some slack per job: the box bounds itself)."""
+        limit = self.opts.timeout_s or box.budget_s + SLACK_PER_JOB_S * (len(box.spec.jobs) + 1)
+        return box.started + limit
+
+    def _sayer(self, progress: Callable[[str], None], box: BoxState,
+               job: Job) -> Callable[[str], None]:
+        k, n = box.spec.jobs.index(job) + 1 if job in box.spec.jobs else 0, len(box.spec.jobs)
 
         def say(line: str) -> None:  # every line names the job and the session's time left
-            left = max(0.0, session_left - (time.monotonic() - started))
-            progress(f"{gpu} {job.id} [{where}, {left:.0f}s of the session left]: {line}")
+            progress(f"{box.gpu} {job.id} [job {k} of {n}, {box.left_s():.0f}s of the session "
+                     f"left]: {line}")
 
         return say
 
-    def _run_and_merge(self, key: JobKey, box: BoxState, allot: float, timeout: float,
-                       say: Callable[[str], None], nodeid: str, res: JobResult
-                       ) -> tuple[JobOutcome, MergeReceipt | None, str | None]:
-        """Run one job (or top-up) on the box and merge its rows as soon as they are home."""
-        gpu, job = key
+    def _await(self, box: BoxState, entry_id: str, say: Callable[[str], None]) -> Entry:
+        """The box's account of the run ``entry_id`` once it is final (the job ran, was
+        skipped, or never will run).  At the deadline the session is stopped; a service that
+        died is started again for the jobs it had not begun."""
+        told: set[str] = set()
+        job = box.entries.get(entry_id)
+        marks = (entry_id.replace("-", " ", 1), entry_id)
+
+        def mine(line: str) -> bool:  # never another job's line
+            return any(m in line for m in marks)
+
+        def on_status(status: SessionStatus) -> None:
+            box.see(status)
+            e = box.entries.get(entry_id)
+            if e is not None and e.state != "planned" and e.state != "skipped" \
+                    and "allotted" not in told:
+                told.add("allotted")
+                say(f"{e.allotment_s:.0f}s allotted")
+
+        while True:
+            entry = box.entries.get(entry_id)
+            if entry is not None and entry.final:
+                on_status(box.status) if box.status else None
+                return entry
+            if box.session_over:
+                slice_, _, kind = entry_id.partition("-")
+                job = job or Entry(slice_, kind)
+                return Entry(job.slice, job.kind, state="skipped",
+                             reason=box.stopped_by or "the session ended before it ran")
+            why = box.driver.wait_entry(entry_id, self._deadline(box), on_line=say, mine=mine,
+                                        on_status=on_status)
+            if why == "timeout":
+                self._stop(box, f"--timeout-s={self._limit(box):g} reached", say)
+            elif why == "dead":
+                self._died(box, say)
+
+    def _limit(self, box: BoxState) -> float:
+        return self._deadline(box) - box.started
+
+    def _skip_reason(self, box: BoxState, entry: Entry) -> str:
+        generic = ("the session was stopped before it ran", "not reached",
+                   "the session ended before it ran")
+        if box.stopped_by and box.stopped_by.startswith("--timeout-s") and (
+                not entry.reason or entry.reason in generic):
+            return f"{box.stopped_by}: the sweep was stopped"
+        return entry.reason or "not run"
+
+    def _stop(self, box: BoxState, why: str, say: Callable[[str], None]) -> None:
+        """Stop the session at its next point and bring what it measured home (a harvest
+        trigger, not a failure)."""
+        say(f"{why}: stopping the session and bringing its rows home")
+        box.stopped_by = why
+        ended = box.driver.stop_session(now=True, say=say)
+        if box.driver.status is not None:
+            box.see(box.driver.status)
+        if ended == "killed":  # its service did not end by itself: its account stops here
+            self._close_entries(box, "stopped", why)
+
+    def _close_entries(self, box: BoxState, running: str, why: str) -> None:
+        for e in box.entries.values():
+            if e.state == "running":
+                e.state, e.reason = running, why
+            elif e.state == "planned":
+                e.state, e.reason = "skipped", why
+
+    def _died(self, box: BoxState, say: Callable[[str], None]) -> None:
+        """The service is gone without ending its session (killed, the box rebooted, out of
+        memory): the job it ran has died (its rows are harvested by its test); the jobs it had
+        not begun get a new session with what is left of the budget."""
+        why = "the box service died (its tmux session is gone)"
+        todo = [e.job for e in box.entries.values() if e.state == "planned" and e.round == 0]
+        for e in box.entries.values():
+            if e.state == "running":
+                e.state, e.reason = "died", why
+        box.spent_before_s += box.status.spent_s if box.status else 0.0
+        box.status = None
+        left = box.left_s()
+        if not todo or left < MIN_JOB_S or self.interrupts.count:
+            self._close_entries(box, "died", f"{why} before it ran")
+            box.session_over = True
+            return
+        box.sessions += 1
+        spec = self._spec(box.card, str(box.probe["regime"]), todo, left,
+                          f"{self.run_id}.{box.sessions}")
+        say(f"{why}; starting a new session for the {len(todo)} job(s) it had not begun "
+            f"({left:.0f}s of the budget left)")
         try:
-            outcome = box.driver.run_job(slice_=job.slice, kind=job.kind, budget_s=allot,
-                                         run_id=self.run_id, job_fields=self.opts.job_fields(),
-                                         timeout_s=timeout, rows_dir=self.rows_dir,
-                                         service_args=self.opts.service_args(), on_line=say)
-        except Interrupted as exc:  # the second signal: leave at once, still say where things are
-            where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
-            res.outcome = res.outcome or JobOutcome(state="interrupted", remote_rows=where, summary={
-                "stop": f"{exc.signame} twice: left at once; its rows stay on the box in {where}"})
-            if self.harvest is not None:
-                self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
-                                      reason=f"{exc.signame} twice: left at once")
-            raise
-        merge, merge_error = None, None
+            box.driver.start_session(spec, say)
+        except BoxError as exc:
+            self._close_entries(box, "died", f"{why}; a new session did not start: {exc}")
+            box.session_over = True
+
+    def _harvest(self, box: BoxState, entry: Entry, say: Callable[[str], None]) -> JobResult:
+        """Bring one run home, merge its rows, and book it on its job's result (a top-up in
+        the job's ``top_ups``)."""
+        key = (box.gpu, entry.job)
+        res = self.results.setdefault(key, JobResult(key))
+        box.fetched.add(entry.id)
+        outcome = box.driver.fetch_entry(entry, self.rows_dir, say)
+        holder = res if entry.round == 0 else JobResult(key)
+        holder.outcome = outcome
+        if entry.round == 0:
+            res.allotment_s = entry.allotment_s
         if outcome.rows_path is not None and self.merging:
-            say(f"merging its rows into {self.db_path}")
+            say(f"merging the rows of {entry.id} into {self.db_path}")
             try:
-                merge = self._merge([RowsFile(outcome.rows_path,
-                                              source(self.run_id, outcome.rows_path.name))])
+                self._merge([RowsFile(outcome.rows_path,
+                                      source(self.run_id, outcome.rows_path.name))],
+                            keep=lambda receipt: setattr(holder, "merge", receipt))
             except Interrupted:
                 raise
             except Exception as exc:  # noqa: BLE001 - the rows stay pending; the job fails
-                merge_error = str(exc).splitlines()[0]
-        return outcome, merge, merge_error
+                holder.merge_error = str(exc).splitlines()[0]
+            finally:
+                if entry.round:
+                    res.top_ups = [t for t in res.top_ups if t["id"] != entry.id]
+                    res.top_ups.append(self._top_up(entry, holder))
+        elif entry.round:
+            res.top_ups.append(self._top_up(entry, holder))
+        return res
+
+    @staticmethod
+    def _top_up(entry: Entry, r: JobResult) -> dict[str, Any]:
+        out = r.outcome
+        stop = out.summary.get("stop") if out else None
+        return {"id": entry.id, "round": entry.round, "slice": entry.slice, "kind": entry.kind,
+                "state": entry.state + (f" ({stop})" if stop else ""),
+                "allotment_s": round(entry.allotment_s, 1), "seconds": round(entry.elapsed_s, 1),
+                **{k: r.stat(k) for k in ("benched", "ok", "failed")},
+                "merge": ({"state": "merged", **receipt_dict(r.merge)} if r.merge else
+                          {"state": "failed", "error": r.merge_error} if r.merge_error else {})}
+
+    def _harvest_rest(self, box: BoxState, say: Callable[[str], None]) -> list[Entry]:
+        """Every run the box ended whose rows are not home yet: fetch and merge them."""
+        done = []
+        for entry in list(box.entries.values()):
+            if entry.final and entry.state != "skipped" and entry.id not in box.fetched:
+                self._harvest(box, entry, say)
+                done.append(entry)
+        return done
+
+    def _finish(self, box: BoxState, progress: Callable[[str], None]) -> None:
+        """The card's last job is home: wait for the session's end (its top-ups) and bring
+        home whatever is left."""
+        while not box.session_over and not (box.status and box.status.final):
+            say = self._sayer(progress, box, self.last_job(box.gpu)[1])  # type: ignore[index]
+            why = box.driver.wait_entry(None, self._deadline(box), on_line=say,
+                                        mine=lambda line: True, on_status=box.see)
+            if why == "timeout":
+                self._stop(box, f"--timeout-s={self._limit(box):g} reached", say)
+            elif why == "dead":
+                self._died(box, say)
+                box.session_over = True
+        self._harvest_rest(box, lambda line: progress(f"{box.gpu} {line}"))
+        box.session_over = True
+
+    def _end_session(self, box: BoxState, progress: Callable[[str], None]) -> None:
+        """At the end of the card's tests (some never ran): stop the session if it still runs,
+        and bring home what it measured, so that nothing stays on the box."""
+        if box.status is not None and not box.status.final:
+            self._stop(box, "the session's tests are over", lambda line: progress(
+                f"{box.gpu}: {line}"))
+        got = self._harvest_rest(box, lambda line: progress(f"{box.gpu} {line}"))
+        if got:
+            progress(f"{box.gpu}: brought home and merged {len(got)} run(s) that ended after "
+                     "their tests: " + ", ".join(e.id for e in got))
+        box.session_over = True
+
+    def _interrupted(self, key: JobKey, box: BoxState, exc: Interrupted,
+                     say: Callable[[str], None], nodeid: str) -> None:
+        """The first Ctrl-C (SIGTERM, SIGHUP): stop the session at its next point, bring home
+        and merge every run it ended, report, and end the pytest session (status 2)."""
+        say(f"{exc.signame}: stopping the session and bringing its rows home (again to leave at "
+            "once: its rows stay on the box and the next run merges them)")
+        box.stopped_by = exc.signame
+        running = {e.id for e in box.entries.values() if e.state == "running"}
+        ended = box.driver.stop_session(now=True, say=say)
+        if box.driver.status is not None:
+            box.see(box.driver.status)
+        if ended == "killed":
+            self._close_entries(box, "stopped", f"{exc.signame}")
+        for entry in self._harvest_rest(box, say):
+            other = (box.gpu, entry.job)
+            if other != key and entry.round == 0 and self.harvest is not None:
+                self.harvest.note_job(_nodeid(nodeid, box.gpu, entry.job), self.job_report(other),
+                                      outcome="interrupted" if entry.id in running else "passed",
+                                      reason=None)
+        box.session_over = True
+        res = self.results[key]
+        mine = box.entries.get(key[1].id)
+        was_running = mine is not None and (mine.id in running or mine.state == "stopped")
+        outcome = res.outcome or JobOutcome(state="interrupted")
+        if was_running or res.outcome is None:
+            outcome.state = "interrupted"
+        outcome.interrupted = exc
+        res.outcome = outcome
+        self._end_interrupted(key, outcome, res.merge, nodeid)
 
     def _end_interrupted(self, key: JobKey, outcome: JobOutcome, merge: MergeReceipt | None,
                          nodeid: str) -> None:
         sig = outcome.interrupted.signame  # type: ignore[union-attr]
         merged = (f"{merge.rows_read} rows merged" if merge else
                   f"its rows kept in {outcome.rows_path}" if outcome.rows_path else
-                  f"no rows came home; they stay on the box in {outcome.remote_rows}")
+                  f"no rows came home; they stay on the box in {outcome.remote_rows}"
+                  if outcome.remote_rows else "it had not started")
         outcome.summary["stop"] = f"{sig}; stopped and harvested: {merged}"
         if self.harvest is not None:
             self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
@@ -539,68 +710,11 @@ class Collection:
         pytest.exit(f"{sig}: job {key[1].id} was stopped and harvested ({merged}); the session "
                     "ends here", returncode=pytest.ExitCode.INTERRUPTED)
 
-    def _points_left(self, box: BoxState) -> dict[Job, int]:
-        """What each job of the card's plan left unmeasured for want of time."""
-        left: dict[Job, int] = {}
-        for (gpu, job), r in self.results.items():
-            if gpu != box.gpu or job not in box.plan.order:
-                continue
-            out = r.outcome
-            if out is None:
-                left[job] = box.plan.pool[job] if r.skipped and "no budget left" in r.skipped else 0
-            elif out.state == "done" and out.summary.get("stop") == "budget spent":
-                left[job] = max(0, int(out.summary.get("points_total") or 0)
-                                - int(out.summary.get("points_done") or 0))
-        return left
-
-    def _top_ups(self, box: BoxState, progress: Callable[[str], None],
-                 nodeid: str) -> list[dict[str, Any]]:
-        """Every planned job has run: what is left of the budget goes to the jobs that still
-        have points (earlier jobs could not know what later ones would leave unused)."""
-        o = self.opts
-        done: list[dict[str, Any]] = []
-        extra = box.plan.top_ups(self._points_left(box))
-        for job in [j for j in box.plan.order if j in extra]:
-            allot = extra[job]
-            if allot < MIN_JOB_S:
-                continue
-            timeout = allot + min(o.point_timeout_s, 20.0) + 60
-            if o.timeout_s:
-                left = o.timeout_s - (time.monotonic() - box.started)
-                if left <= MIN_JOB_S:
-                    break
-                timeout = min(timeout, left)
-            say = self._say(progress, box.gpu, job, "top-up", box.plan.remaining_s)
-            say(f"{allot:.0f}s allotted: the time the jobs left unused, for its points left")
-            key = (box.gpu, job)
-            holder = JobResult(key)
-            outcome, merge, merge_error = self._run_and_merge(key, box, allot, timeout, say,
-                                                              nodeid, holder)
-            box.plan.record_top_up(job, outcome.elapsed_s)
-            entry = {"slice": job.slice, "kind": job.kind, "state": outcome.state
-                     + (f" ({outcome.summary['stop']})" if outcome.summary.get("stop") else ""),
-                     "allotment_s": round(allot, 1), "seconds": round(outcome.elapsed_s, 1),
-                     **{k: int(outcome.summary.get(k) or 0) for k in ("benched", "ok", "failed")},
-                     "merge": ({"state": "merged", **receipt_dict(merge)} if merge else
-                               {"state": "failed", "error": merge_error} if merge_error else {})}
-            done.append(entry)
-            if outcome.interrupted is not None:
-                self.results[key].top_ups = done  # type: ignore[attr-defined]
-                self._end_interrupted(key, outcome, merge, nodeid)
-        return done
-
-    def _nothing_left(self, job: Job, box: BoxState) -> str:
-        """Why a job has no points, true on a re-run too."""
-        total = sum(box.pool["total"].get(job.slice, {}).get(job.kind, {}).values())
-        flt = self.opts.filter
-        if flt and not any(box.pool["total"].get(s, {}).get(job.kind) for s in SLICES):
-            return f"--filter={flt!r} keeps no {job.kind} shape"
-        if total:
-            return (f"all {total} {job.kind} points of the {job.slice} slice on {box.card.name} "
-                    "are in the node table already")
-        why = {"own": " (no anchors of this card)",
-               "cross": " (no other card's anchors realize here)"}.get(job.slice, "")
-        return f"no {job.kind} points in the {job.slice} slice on {box.card.name}{why}"
+    def top_ups_report(self, gpu: str) -> list[dict[str, Any]]:
+        """Every top-up of the card's jobs, each naming its own job (reported with the card's
+        last test, booked by the harvest on the job it topped up)."""
+        return [{"gpu": g, **t} for (g, _), r in self.results.items() if g == gpu
+                for t in r.top_ups]
 
     def job_report(self, key: JobKey) -> dict[str, Any]:
         """What the harvest needs from one job (it may run in another process)."""
@@ -633,6 +747,10 @@ class Collection:
             rep["merge"] = {"state": "failed", "error": r.merge_error}
         elif r.outcome and r.outcome.rows_path and not self.merging:
             rep["merge"] = {"state": "skipped (--no-merge)"}
-        if r.top_ups:
-            rep["top_ups"] = r.top_ups
         return rep
+
+
+def _nodeid(like: str, gpu: str, job: Job) -> str:
+    """The node id of ``job``'s test, made from another job's of the same module."""
+    head = like.split("[", 1)[0] if like else "collect_tests/test_sweep.py::test_sweep"
+    return f"{head}[{gpu}-{job.id}]"

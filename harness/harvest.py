@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-PROP = "emmy_job"  # the user_properties key carrying a job's report (a JSON-able dict)
+PROP = "emmy_job"  # the user_properties key carrying a job's report (a JSON object's text)
+TOP_UPS_PROP = "emmy_top_ups"  # the card's top-ups, each naming its job (a JSON array's text)
 REPORT_FORMAT = "collect-node-data report"
 REPORT_VERSION = 1
 
@@ -114,7 +115,8 @@ class Harvest:
     # -- hooks ---------------------------------------------------------------------------------
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
-        data = props.get(PROP)
+        data = _json(props.get(PROP))
+        self._book_top_ups(_json(props.get(TOP_UPS_PROP)) or [])
         job = self.jobs.get(report.nodeid)
         if data is None and job is None:
             # no job report: a crashed xdist worker's item, or a test that is no sweep job
@@ -142,6 +144,16 @@ class Harvest:
             job.outcome, job.reason = "failed", where + _first_line(report)
         elif report.passed and report.when == "call":
             job.outcome, job.reason = "passed", None
+
+    def _book_top_ups(self, top_ups: list[dict[str, Any]]) -> None:
+        """Each top-up on the job it topped up (once, however many reports carry it)."""
+        for t in top_ups:
+            job = next((j for j in self.jobs.values() if (j.gpu, j.slice, j.kind)
+                        == (t.get("gpu"), t.get("slice"), t.get("kind"))), None)
+            if job is None:
+                continue
+            entry = {k: v for k, v in t.items() if k != "gpu"}
+            job.top_ups = [u for u in job.top_ups if u.get("id") != entry.get("id")] + [entry]
 
     # -- end of session ------------------------------------------------------------------------
     def rows_files(self) -> list[Path]:
@@ -504,9 +516,23 @@ def _first_line(report: pytest.TestReport) -> str:
     return (lines[-1] if lines else "").strip()[:160]
 
 
-def job_property(**data: Any) -> tuple[str, Any]:
-    json.dumps(data)  # must cross the xdist wire
-    return (PROP, data)
+def job_property(**data: Any) -> tuple[str, str]:
+    """A job's report as one JUnit property: its value is JSON (it also crosses the xdist
+    wire)."""
+    return (PROP, json.dumps(data, sort_keys=True))
+
+
+def top_ups_property(top_ups: list[dict[str, Any]]) -> tuple[str, str]:
+    return (TOP_UPS_PROP, json.dumps(top_ups, sort_keys=True))
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
 
 
 @contextmanager

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.contract import MAX_ATTEMPTS, REGIMES, STATUSES, TERMINAL_STATUSES
+
 __all__ = [
     "MAX_ATTEMPTS",
     "REGIMES",
@@ -42,11 +44,9 @@ __all__ = [
     "LedgerWarning",
 ]
 
-TERMINAL = frozenset({"ok", "bench_fail"})
-RETRYABLE = frozenset({"timeout", "error", "crash"})
-MAX_ATTEMPTS = 2
+TERMINAL = frozenset(TERMINAL_STATUSES)
+RETRYABLE = frozenset(STATUSES) - TERMINAL
 VERSION = 1
-REGIMES: tuple[str, ...] = ("deployable", "interpret")
 
 
 class LedgerWarning(UserWarning):

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from harness.contract import SweepOptions, ToolsSpec
+
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("EMMY_STATE_DIR", "~/.cache/emmy/node-collect")).expanduser()
@@ -26,12 +28,8 @@ class RunOptions:
     gpus: tuple[str, ...]
     budget_s: float
     shares: MappingProxyType[str, float]
-    max_dist: int
-    tail_cap: int
-    batch: int
-    seed: int
-    filter: str | None
-    baselines: str  # --baselines, checked: "torch,compile", a part of it, or "none"
+    sweep: SweepOptions  # what reaches the box, declared once in harness.contract
+    tools: ToolsSpec
     keyword: str | None
     # where it goes (resolved)
     db_path: Path
@@ -54,31 +52,23 @@ class RunOptions:
     box_install: bool
     box_dir: str | None
     tmux_socket: str | None
-    # how it measures
+    # how the controller watches
     poll_s: float | None
     timeout_s: float | None
-    point_timeout_s: float
-    compile_workers: int | None
-    max_cv: float
-    remeasure: int
     numprocesses: Any = None
     remote_target: Any = field(default=None, compare=False)  # --remote, parsed
-    box_gpus: str = "1"  # --box-gpus, checked and written the one way: "all", "2", "0,2"
 
     @classmethod
     def from_config(cls, o: Any, *, gpus: list[str], shares: dict[str, float],
-                    db: Path | None, report_json: Path | None, remote: Any) -> RunOptions:
+                    db: Path | None, report_json: Path | None, remote: Any,
+                    sweep: SweepOptions, tools: ToolsSpec) -> RunOptions:
         """From pytest's parsed options, once they are checked."""
-        from harness import shipped
-        from harness.box.probe import format_box_gpus, parse_box_gpus
         from harness.store import default_db_path
 
         state = default_state_dir()
         return cls(
             gpu=o.gpu, gpus=tuple(gpus), budget_s=o.budget_s,
-            shares=MappingProxyType(dict(shares)), max_dist=o.max_dist, tail_cap=o.tail_cap,
-            batch=o.batch, seed=o.seed, filter=o.filter,
-            baselines=",".join(shipped.parse_baselines(o.baselines)) or "none",
+            shares=MappingProxyType(dict(shares)), sweep=sweep, tools=tools,
             keyword=getattr(o, "keyword", None) or None,
             db_path=db or default_db_path(),
             ledger_path=Path(o.ledger).expanduser() if o.ledger else state / "ledger.json",
@@ -90,10 +80,7 @@ class RunOptions:
             down_cmd=o.down_cmd, sky_cloud=o.sky_cloud, keep_server=o.keep_server,
             box_python=o.box_python, box_install=o.box_install, box_dir=o.box_dir,
             tmux_socket=o.tmux_socket, poll_s=o.poll_s, timeout_s=o.timeout_s,
-            point_timeout_s=o.point_timeout_s, compile_workers=o.compile_workers,
-            max_cv=o.max_cv, remeasure=o.remeasure,
-            numprocesses=getattr(o, "numprocesses", None), remote_target=remote,
-            box_gpus=format_box_gpus(parse_box_gpus(getattr(o, "box_gpus", None) or "1")))
+            numprocesses=getattr(o, "numprocesses", None), remote_target=remote)
 
     @property
     def leases_dir(self) -> Path:
@@ -103,37 +90,13 @@ class RunOptions:
     def merging(self) -> bool:
         return not self.no_merge
 
-    def job_fields(self) -> dict[str, Any]:
-        """What every job request carries besides its slice, kind and allotment."""
-        return {"batch": self.batch, "seed": self.seed, "point_timeout_s": self.point_timeout_s,
-                **self.pool_fields()}
-
-    def pool_fields(self) -> dict[str, Any]:
-        """What decides a card's pool of points."""
-        return {"max_dist": self.max_dist, "tail_cap": self.tail_cap, "filter": self.filter,
-                "baselines": self.baselines}
-
-    def service_args(self) -> list[str]:
-        """The box service's command-line options (its tools are the session's)."""
-        args = ["--seed", str(self.seed), "--max-cv", str(self.max_cv),
-                "--remeasure", str(self.remeasure)]
-        if self.compile_workers is not None:
-            args += ["--compile-workers", str(self.compile_workers)]
-        if self.box_gpus != "1":
-            args += ["--box-gpus", self.box_gpus]
-        return args
-
     def report(self) -> dict[str, Any]:
         """The options ``--report-json`` records (never a command template: an ``--up-cmd``
         may hold a token)."""
         return {"gpu": self.gpu, "gpus": list(self.gpus), "budget_s": self.budget_s,
                 "db": str(self.db_path), "ledger": str(self.ledger_path),
                 "rows_dir": str(self.rows_dir), "shares": dict(self.shares),
-                "max_dist": self.max_dist, "tail_cap": self.tail_cap, "batch": self.batch,
-                "seed": self.seed, "filter": self.filter, "baselines": self.baselines,
-                "keyword": self.keyword,
-                "timeout_s": self.timeout_s, "point_timeout_s": self.point_timeout_s,
-                "compile_workers": self.compile_workers, "max_cv": self.max_cv,
-                "remeasure": self.remeasure, "box_gpus": self.box_gpus,
+                **self.sweep.to_json(), **self.tools.to_json(),
+                "keyword": self.keyword, "timeout_s": self.timeout_s, "poll_s": self.poll_s,
                 "no_merge": self.no_merge, "remote": self.remote,
                 "provider": self.provider, "numprocesses": self.numprocesses}

@@ -28,28 +28,26 @@ are the shares of what is left, split equally among a slice's kinds.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from harness.slices import SLICES
+from harness.contract import (
+    COMPILE_BASELINE_S,
+    JOB_OVERHEAD_S,
+    MIN_JOB_S,
+    SLICES,
+    JobRef,
+    SessionSpec,
+)
 
-__all__ = ["BudgetPlan", "Job", "ShareError", "normalize_shares", "waterfill"]
+__all__ = ["BudgetPlan", "Job", "Ran", "ShareError", "Simulated", "normalize_shares",
+           "run_session", "session_plan", "waterfill"]
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Job:
-    """One sweep job: all points of one kernel kind in one slice."""
-
-    slice: str
-    kind: str
-
-    @property
-    def id(self) -> str:
-        """The job's stable name, also its test id: ``"{slice}-{kind}"``."""
-        return f"{self.slice}-{self.kind}"
+Job = JobRef  # one sweep job: all points of one kernel kind in one slice (``job.id``)
 
 
 class ShareError(ValueError):
@@ -122,7 +120,9 @@ class BudgetPlan:
     that rate, e.g. ``torch.compile``'s baselines) and ``job_overhead_s`` (a job's own start
     and end) let the allotments follow what each job can use; see the module docstring.
     ``min_job_s`` is the least a job can use at all (the caller skips a job allotted less):
-    a job of a few points is not capped under it.
+    a job of a few points is not capped under it.  Rates are seconds of one lane; a box that
+    measures on ``lanes`` GPUs at once takes a job's points (and its costly points) in a
+    ``lanes``-th of that.
     """
 
     def __init__(self, budget_s: float, shares: Mapping[str, float], pool: Mapping[Job, int],
@@ -130,7 +130,7 @@ class BudgetPlan:
                  s_per_point: Mapping[str, float] | float | None = None,
                  job_overhead_s: float = 0.0,
                  extra_s: Mapping[Job, float] | None = None,
-                 min_job_s: float = 0.0):
+                 min_job_s: float = 0.0, lanes: int = 1):
         budget_s = float(budget_s)
         if math.isnan(budget_s) or budget_s < 0:
             raise ValueError(f"budget_s (--budget-s) must be >= 0 seconds, got {budget_s!r}")
@@ -176,6 +176,9 @@ class BudgetPlan:
             self.rates = {job.kind: float(s_per_point) for job in self.order}
         self.job_overhead_s = float(job_overhead_s)
         self.min_job_s = float(min_job_s)
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, got {lanes!r}")
+        self.lanes = int(lanes)
         self.extra_s: dict[Job, float] = {}
         for job, extra in (extra_s or {}).items():
             if not math.isfinite(extra) or extra < 0:
@@ -201,7 +204,8 @@ class BudgetPlan:
         return self.order[done] if done < len(self.order) else None
 
     def learn(self, kind: str, s_per_point: float) -> None:
-        """A rate measured on the way (e.g. by an earlier job of the same kind)."""
+        """A rate measured on the way (e.g. by an earlier job of the same kind), in seconds of
+        one lane a point."""
         if math.isfinite(s_per_point) and s_per_point > 0:
             self.rates[kind] = float(s_per_point)
 
@@ -212,7 +216,7 @@ class BudgetPlan:
         if rate is None:
             return math.inf
         return max(self.min_job_s,
-                   NEED_MARGIN * (self.pool[job] * rate + self.extra_s.get(job, 0.0))
+                   NEED_MARGIN * (self.pool[job] * rate + self.extra_s.get(job, 0.0)) / self.lanes
                    + self.job_overhead_s)
 
     def _check_next(self, job: Job) -> None:
@@ -293,3 +297,118 @@ class BudgetPlan:
     def skip(self, job: Job) -> None:
         """Report that ``job`` finished without spending anything (e.g. deselected or nothing left)."""
         self.record(job, 0.0)
+
+
+def session_plan(spec: SessionSpec, todo: Mapping[Job, int], heavy: Mapping[Job, int],
+                 lanes: int) -> BudgetPlan:
+    """The plan of a session request: its jobs in its order (those with points to measure and a
+    share), ``todo`` points each of which ``heavy`` are ``torch.compile`` baselines (at the
+    request's seconds a shape), the request's paces, ``lanes`` measuring at once, and the
+    seam's constants.  The box service plans with it, and so does the preview."""
+    return BudgetPlan(spec.budget_s, spec.shares, {j: int(todo.get(j, 0)) for j in spec.jobs},
+                      order=[j for j in spec.jobs
+                             if spec.shares.get(j.slice, 0) > 0 and todo.get(j)],
+                      s_per_point=dict(spec.s_per_point), job_overhead_s=JOB_OVERHEAD_S,
+                      extra_s={j: n * spec.compile_s.get(j.kind, COMPILE_BASELINE_S)
+                               for j, n in heavy.items() if n},
+                      min_job_s=MIN_JOB_S, lanes=lanes)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What one run of a job did: the seconds it was charged, the points it still has, and
+    (when its pace says something about the kind) the seconds one lane took a point."""
+
+    spent_s: float
+    points_left: int
+    pace_s: float | None = None
+
+
+def run_session(plan: BudgetPlan, run: Callable[[Job, float, int], Ran],
+                skip: Callable[[Job, float], None] = lambda job, allot: None,
+                stopping: Callable[[], bool] = lambda: False) -> None:
+    """Run a card's session: every job of ``plan.order`` in turn, each allotted on the clock of
+    whoever runs it (``run(job, allotment, round)`` runs it and says what it did; a job allotted
+    less than ``plan.min_job_s`` is skipped and said so with ``skip``), then *top-ups*: what is
+    left of the budget goes to the jobs that still have points, round after round, until the
+    budget or the points run out (or a round measures nothing).  ``stopping`` is asked before
+    every run.  The box service runs it for real; the plan preview with :class:`Simulated`."""
+    left = {job: plan.pool[job] for job in plan.order}
+    for job in plan.order:
+        if stopping():
+            return
+        allot = plan.allotment(job)
+        if allot < plan.min_job_s:
+            plan.skip(job)
+            skip(job, allot)
+            continue
+        ran = run(job, allot, 0)
+        plan.record(job, ran.spent_s)
+        left[job] = ran.points_left
+        if ran.pace_s is not None:
+            plan.learn(job.kind, ran.pace_s)
+    rnd = 0
+    while not stopping():
+        rnd += 1
+        todo = {job: n for job, n in left.items() if n > 0}
+        if not todo or plan.remaining_s < plan.min_job_s:
+            return
+        extra = plan.top_ups(todo)
+        runs = [(job, extra[job]) for job in plan.order if extra.get(job, 0.0) >= plan.min_job_s]
+        if not runs:  # every share is under what a job can use: one job takes it all
+            runs = [(next(job for job in plan.order if todo.get(job)), plan.remaining_s)]
+        progressed = False
+        for job, allot in runs:
+            allot = min(allot, plan.remaining_s)
+            if allot < plan.min_job_s or stopping():
+                break
+            ran = run(job, allot, rnd)
+            plan.record_top_up(job, ran.spent_s)
+            progressed = progressed or ran.points_left < left[job]
+            left[job] = ran.points_left
+            if ran.pace_s is not None:
+                plan.learn(job.kind, ran.pace_s)
+        if not progressed:
+            return
+
+
+@dataclass
+class Simulated:
+    """A run of a job as the plan preview imagines it: ``heavy`` costly points first (each
+    ``heavy_s`` seconds of one lane, e.g. ``torch.compile``'s baselines), then the rest at the
+    kind's rate, ``lanes`` at a time, plus the job's own overhead; it ends when its allotment
+    or its points do.  ``log`` collects one entry per run."""
+
+    points: Mapping[Job, int]
+    rates: Mapping[str, float]
+    lanes: int = 1
+    heavy: Mapping[Job, int] | None = None
+    heavy_s: Mapping[str, float] | None = None
+    overhead_s: float = JOB_OVERHEAD_S
+    log: list[dict[str, object]] | None = None
+
+    def __post_init__(self) -> None:
+        self.left = dict(self.points)
+        self.heavy_left = dict(self.heavy or {})
+        self.log = [] if self.log is None else self.log
+
+    def __call__(self, job: Job, allot: float, rnd: int) -> Ran:
+        clock = self.overhead_s
+        measured = 0
+        n_heavy = self.heavy_left.get(job, 0)
+        each_heavy = (self.heavy_s or {}).get(job.kind, 0.0) / self.lanes
+        while n_heavy and clock + each_heavy <= allot:
+            clock, n_heavy, measured = clock + each_heavy, n_heavy - 1, measured + 1
+        self.heavy_left[job] = n_heavy
+        rest = self.left[job] - measured - n_heavy
+        each = self.rates[job.kind] / self.lanes
+        fit = rest if each <= 0 else min(rest, max(0, int((allot - clock) / each)))
+        if not n_heavy:
+            clock += fit * each
+            measured += fit
+        self.left[job] -= measured
+        spent = min(allot, clock) if self.left[job] else clock
+        assert self.log is not None
+        self.log.append({"job": job, "round": rnd, "allotment_s": allot, "spent_s": spent,
+                         "measures": measured, "points_left": self.left[job]})
+        return Ran(spent_s=spent, points_left=self.left[job])

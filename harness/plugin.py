@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from harness import cards, shipped
+from harness import cards
 from harness import kinds as registry
+from harness.contract import OptionError, SweepOptions, ToolsSpec, add_options
 from harness.options import RunOptions, default_state_dir
 from harness.planner import Job, ShareError, normalize_shares
 from harness.slices import SLICES
@@ -41,19 +42,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="node table to merge into (default $EMMY_TUNE_DB or ~/.cache/emmy/autotune.db)")
     g.addoption("--ledger", default=None,
                 help="resume state (default ~/.cache/emmy/node-collect/ledger.json)")
-    g.addoption("--max-dist", type=int, default=2,
-                help="knob distance that puts a spec in the own/cross slice (default 2)")
     for s, d in (("own", 60.0), ("cross", 25.0), ("tail", 15.0)):
         g.addoption(f"--share-{s}", type=float, default=d,
                     help=f"share of the budget for the {s} slice (default {d:g}; 0 skips it)")
-    g.addoption("--tail-cap", type=int, default=200, help="tail points per shape (default 200)")
-    g.addoption("--batch", type=int, default=6, help="points per batch (default 6)")
-    g.addoption("--seed", type=int, default=0, help="seed of the batch draw (default 0)")
-    g.addoption("--filter", default=None, help="keep golden shapes whose name contains this")
-    g.addoption("--baselines", default="torch,compile",
-                help="what a user would run instead, measured once per shape in the own slice: "
-                     "torch (torch's own op), compile (torch.compile max-autotune of the "
-                     "reference, about 7 s a shape on an H200), both (default) or none")
+    # what reaches the box: declared once, in the contract both sides import
+    add_options(g.addoption, SweepOptions, ToolsSpec, user_only=True)
     g.addoption("--remote", default=None,
                 help="an existing GPU server: user@host[:port] or an ~/.ssh/config alias (never "
                      "torn down; only our folder and tmux sessions are touched)")
@@ -86,25 +79,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--rows-dir", default=None,
                 help="where fetched rows files are kept (default ~/.cache/emmy/node-collect/rows)")
     g.addoption("--poll-s", type=float, default=None,
-                help="seconds between polls of a running job (default 1 local, 60 remote)")
+                help="seconds between the controller's looks at the box's session (default 1 "
+                     "local, 60 remote); the box never waits for them")
     g.addoption("--timeout-s", type=float, default=None,
-                help="stop and harvest the sweep after this many seconds (default: the budget "
-                     "plus one batch's bound)")
-    g.addoption("--point-timeout-s", type=float, default=300.0,
-                help="bound on one point (compile + check + timing), seconds (default 300)")
-    g.addoption("--compile-workers", type=int, default=None,
-                help="processes on the box that compile the coming points while the GPU measures "
-                     "(default: the box's CPU cores less two, at most 16; 0: no compile-ahead)")
-    g.addoption("--box-gpus", default="1", metavar="all|N|LIST",
-                help="measure on several GPUs of one box, one lane (a bench worker pinned to its "
-                     "GPU) each, all fed from the same jobs: all, N (the first N GPUs) or GPU "
-                     "indices as nvidia-smi numbers them, e.g. 0,2,3 (default 1); every GPU "
-                     "must be the box's card; on a box without a GPU, N interpreter lanes")
-    g.addoption("--max-cv", type=float, default=0.05,
-                help="time a point again when its timed calls' coefficient of variation is above "
-                     "this (default 0.05)")
-    g.addoption("--remeasure", type=int, default=2,
-                help="at most this many more timings of a noisy point (default 2)")
+                help="stop and harvest the sweep this many seconds after setup (default: the "
+                     "budget plus 80 s per job)")
     g.addoption("--tmux-socket", default=None,
                 help="tmux server socket name on the box (tmux -L); default: the user's server")
     g.addoption("--no-merge", action="store_true", default=False,
@@ -131,28 +110,12 @@ def _validate(config: pytest.Config) -> RunOptions:
         shares = normalize_shares({"own": o.share_own, "cross": o.share_cross, "tail": o.share_tail})
     except ShareError as exc:
         raise pytest.UsageError(str(exc)) from None
-    for name, val, low in (("--batch", o.batch, 1), ("--tail-cap", o.tail_cap, 0),
-                           ("--max-dist", o.max_dist, 0), ("--remeasure", o.remeasure, 0),
-                           ("--compile-workers", o.compile_workers, 0)):
-        if val is None:
-            continue
-        if val < low:
-            raise pytest.UsageError(f"{name}={val}: must be at least {low}")
-    try:
-        shipped.parse_baselines(o.baselines)
-    except ValueError as exc:
+    try:  # what reaches the box: checked by the contract, as the box checks it
+        sweep = SweepOptions.from_namespace(o)
+        tools = ToolsSpec.from_namespace(o)
+    except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
-    from harness.box.probe import LaneError, parse_box_gpus
-
-    try:  # its syntax here; which GPUs the box has, and their card, on the box
-        parse_box_gpus(o.box_gpus)
-    except LaneError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    if not (math.isfinite(o.max_cv) and o.max_cv > 0):
-        raise pytest.UsageError(f"--max-cv={o.max_cv:g}: must be a positive fraction, e.g. 0.05 "
-                                "(time again points whose calls vary more than 5%)")
-    for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s),
-                      ("--point-timeout-s", o.point_timeout_s)):
+    for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s)):
         if val is not None and not (math.isfinite(val) and val > 0):
             raise pytest.UsageError(f"{name}={val:g}: must be a positive number of seconds")
     if o.box_dir is not None:
@@ -217,7 +180,7 @@ def _validate(config: pytest.Config) -> RunOptions:
                                 "a file in an existing folder (default ~/.ssh/known_hosts)")
     report_json = _check_report_json(o, db)
     return RunOptions.from_config(o, gpus=gpus, shares=shares, db=db, report_json=report_json,
-                                  remote=remote)
+                                  remote=remote, sweep=sweep, tools=tools)
 
 
 def _check_report_json(o: Any, db: Path | None) -> Path | None:

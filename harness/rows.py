@@ -21,25 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from harness.contract import FAIL_VALUE_US, REGIMES, REQUIRED_ROW_KEYS, SLICES, STATUSES
 from harness.points import SpecError, make_spec, parse_spec, point_key
-
-REQUIRED_ROW_KEYS = (
-    "point_key",
-    "gpu",
-    "regime",
-    "kind",
-    "shape_id",
-    "spec",
-    "status",
-    "measured_at",
-    "cc",
-)
-REGIMES = ("deployable", "interpret")
-STATUSES = ("ok", "bench_fail", "timeout", "error", "crash")
-SLICES = ("own", "cross", "tail")
-
-FAIL_VALUE_US = 1e9
-"""value_us of a row whose status is not ok: sorts after every real measurement."""
 
 FEAT_VER = 1
 """Featurizer version stamped on rows that do not carry their own ``feat_ver``."""

@@ -29,16 +29,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.cards import INTERPRET, Card
+from harness.contract import BASELINES, parse_baselines  # noqa: F401 - the option's parser
 from harness.kinds.base import next_pow2
 from harness.points import make_spec
 
 BASELINE_KNOB = "baseline"
-BASELINES = ("torch", "compile")
 # torch.compile's baseline costs seconds a shape (Inductor's compile and autotuning), a
 # configuration tens of milliseconds: the planner counts these points apart
 COMPILE_SPEC = f"{BASELINE_KNOB}=compile"
-# what one costs where a card has none measured yet: 4 to 34 s a shape on an H200, median 6 s
-COMPILE_BASELINE_S = 10.0
 HEURISTIC, AUTOTUNE_LIST = "heuristic", "autotune_list"
 ROW_KINDS = ("rms_norm", "softmax", "reduce")
 GEMM_KINDS = ("matmul", "mlp_geglu", "norm_linear", "linear_norm")
@@ -193,20 +191,6 @@ def heuristic(kind: str, shape: Mapping[str, Any], card: Card) -> dict[str, Any]
         return knobs if knobs is not None and _runnable(kind, knobs, shape, card) else None
     runnable = autotune_list(kind, shape, card)
     return runnable[0] if runnable else None
-
-
-def parse_baselines(value: str | None) -> tuple[str, ...]:
-    """``--baselines``: ``torch,compile`` (the default), any of them, or ``none``."""
-    if value is None:
-        return BASELINES
-    words = [w.strip() for w in value.split(",") if w.strip()]
-    if words == ["none"]:
-        return ()
-    bad = [w for w in words if w not in BASELINES]
-    if bad or not words:
-        raise ValueError(f"--baselines={value}: {', '.join(bad) or 'empty'} is not a baseline; "
-                         f"give {', '.join(BASELINES)} (comma-separated), or none")
-    return tuple(b for b in BASELINES if b in words)
 
 
 def configs(kind: str, shape: Mapping[str, Any], card: Card,

@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
+from harness.contract import SLICES
 from harness.points import knob_distance, parse_spec
 
 __all__ = ["SLICES", "assign_slices", "tail_order"]
 
-SLICES: tuple[str, ...] = ("own", "cross", "tail")
 
 
 def _tail_rank(spec: str) -> tuple[str, str]:

@@ -1,11 +1,8 @@
-"""Runs on the box: probe, plan and the sweep job (stdlib + torch + triton only)."""
+"""Runs on the box: probe, plan, the session service and its jobs (stdlib + torch + triton
+only; of this project, the pure core and :mod:`harness.contract`)."""
 
 import os
 from pathlib import Path
-
-# What ``--box-install`` puts in BOX_DIR/venv (and the ``box`` extra of pyproject.toml pins):
-# the versions the kernels and timings were checked with on an H200.
-BOX_PINS = ("torch==2.11.0", "triton==3.6.0", "numpy<2.3")
 
 
 def process_age_s() -> float:

@@ -16,7 +16,7 @@ import contextlib
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -191,12 +191,14 @@ class CompilePool:
         except Exception:  # noqa: BLE001 - a broken pool: the worker compiles
             return None
 
-    def forget(self) -> None:
+    def forget(self, keys: Iterable[str] | None = None) -> None:
         """Drop what a job queued but never waited for (the service's pool outlives its jobs):
-        compiles not yet started are cancelled; the answers of those under way are dropped."""
-        for fut in self._futures.values():
-            fut.cancel()
-        self._futures.clear()
+        compiles not yet started are cancelled; the answers of those under way are dropped.
+        ``keys``: only those points' (the next job's compiles go on); None: all."""
+        for key in list(self._futures) if keys is None else keys:
+            fut = self._futures.pop(key, None)
+            if fut is not None:
+                fut.cancel()
 
     def close(self) -> None:
         """Drop what is queued and end the pool processes at once (a compile in progress too)."""

@@ -83,9 +83,28 @@ class Scheduler:
 
     def next_batch(self) -> tuple[str, list[pools.Point]] | None:
         with self.lock:
+            self.prime()
+            return self.planned.popleft() if self.planned else None
+
+    def prime(self) -> None:
+        """Plan (and submit to the compile pool) the batches ahead now: a session primes the
+        next job's first batches while the job before it ends."""
+        with self.lock:
             while len(self.planned) <= self.lookahead and self._draw():
                 pass
-            return self.planned.popleft() if self.planned else None
+
+    @property
+    def dry(self) -> bool:
+        """Every point left is planned or in flight: nothing more goes to the compile pool
+        (until a measured batch hands a point back)."""
+        with self.lock:
+            return all(p.key in self.in_flight for pts in self.remaining.values() for p in pts)
+
+    @property
+    def keys(self) -> set[str]:
+        """The keys of the points this scheduler still holds (planned or not)."""
+        with self.lock:
+            return {p.key for pts in self.remaining.values() for p in pts}
 
     def settle(self, sid: str, batch: list[pools.Point],
                needs_run: Callable[[pools.Point], bool]) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import subprocess
 from dataclasses import dataclass
 from typing import Any
 
 from harness.cards import DEPLOYABLE, INTERPRET, INTERPRETER, Card, canonicalize
+from harness.contract import BoxGpus, LaneError, format_box_gpus
 
 # Test seam: a CPU box may report another card's name.  Its rows stay labelled interpret.
 CARD_NAME_ENV = "EMMY_BOX_CARD_NAME"
@@ -84,69 +84,7 @@ def _uuid(props: Any) -> str | None:
     return text if text.startswith("GPU-") else f"GPU-{text}"
 
 
-def card_from_probe(info: dict[str, Any]) -> Card:
-    """The catalog card for a probe; an uncatalogued GPU gets an entry from its live limits."""
-    if info["regime"] == INTERPRET:
-        if info["card"] == INTERPRETER.name:
-            return INTERPRETER
-        # a CPU box labelled as another card (test seam): that name, the interpreter's limits
-        from dataclasses import replace
-
-        return replace(INTERPRETER, name=info["card"])
-    card = canonicalize(info["device_name"])
-    if card is not None:
-        return card
-    slug = re.sub(r"[^a-z0-9]+", "-", info["device_name"].lower()).strip("-")
-    smem = info.get("smem_optin") or 48 * 1024
-    return Card(name=info["device_name"], aliases=(slug,), cc=tuple(info["cc"]),  # type: ignore[arg-type]
-                sm_count=info["sm_count"], smem_optin=smem,
-                smem_per_sm=info.get("smem_per_sm") or smem, l2_bytes=info.get("l2_bytes") or 0,
-                mem_gb=(info.get("mem_bytes") or 0) / 1e9, mem_bw_gbs=0.0,
-                peak_fp16_tflops=0.0, peak_fp32_tflops=0.0)
-
-
 # -- measuring lanes: one bench worker per GPU of the box (``--box-gpus``) -------------------------
-class LaneError(ValueError):
-    """``--box-gpus`` names GPUs this box cannot give (or is not a valid value at all)."""
-
-
-BoxGpus = str | int | tuple[int, ...]  # "all", a count, or GPU indices
-BOX_GPUS_FORMS = ("all (every GPU of the box), N (the first N GPUs, e.g. 2) or a comma list of "
-                  "GPU indices as nvidia-smi numbers them (e.g. 0,2,3)")
-
-
-def parse_box_gpus(value: str) -> BoxGpus:
-    """``--box-gpus``: ``"all"``, a count ``N`` (at least 1) or a list of distinct GPU indices
-    (``0,2,3``: a comma makes it a list, so one GPU by its index is ``3,``)."""
-    text = str(value).strip().lower()
-    if text == "all":
-        return "all"
-    if "," not in text:
-        if not text.isdigit() or int(text) < 1:
-            raise LaneError(f"--box-gpus={value}: not a number of GPUs; give {BOX_GPUS_FORMS}")
-        return int(text)
-    words = [w.strip() for w in text.split(",")]
-    if words[-1] == "" and len(words) > 1:  # "3,": one GPU by its index
-        words = words[:-1]
-    bad = [w for w in words if not w.isdigit()]
-    if bad:
-        raise LaneError(f"--box-gpus={value}: {bad[0] or 'an empty entry'!s} is not a GPU index; "
-                        f"give {BOX_GPUS_FORMS}")
-    indices = tuple(int(w) for w in words)
-    twice = sorted({i for i in indices if indices.count(i) > 1})
-    if twice:
-        raise LaneError(f"--box-gpus={value} names GPU {', '.join(map(str, twice))} more than "
-                        "once; name each GPU once (one lane per GPU)")
-    return indices
-
-
-def format_box_gpus(want: BoxGpus) -> str:
-    """The option's value as written back on a command line."""
-    if isinstance(want, tuple):
-        return ",".join(map(str, want)) + ("," if len(want) == 1 else "")
-    return str(want)
-
-
 @dataclass(frozen=True)
 class Lane:
     """One measuring lane of the box: its number (0, 1, …; rows say it as ``lane``) and the GPU

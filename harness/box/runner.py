@@ -13,10 +13,10 @@ reaches more than ``BUDGET_GRACE_S`` past the allotment, so a job ends within ab
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
-import secrets
 import select
 import subprocess
 import sys
@@ -33,27 +33,27 @@ from harness.box.probe import (
     FORCE_INTERPRET_ENV,
     ONE_LANE,
     Lane,
-    card_from_probe,
     check_lanes_card,
     cpu_lanes,
     gpu_lanes,
     list_gpus,
-    parse_box_gpus,
     probe,
 )
-from harness.cards import DEPLOYABLE, INTERPRET
+from harness.cards import DEPLOYABLE, INTERPRET, card_from_probe
+from harness.contract import (
+    BUDGET_GRACE_S,
+    SweepOptions,
+    ToolsSpec,
+    new_run_id,
+    parse_baselines,
+    parse_box_gpus,
+)
 from harness.ledger import Ledger
 from harness.shipped import is_baseline
-
-TERMINAL_ROW = ("ok", "bench_fail")
 
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def new_run_id() -> str:
-    return f"bench-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}"
 
 
 class Worker:
@@ -231,8 +231,9 @@ def _tail(path: Path, n: int) -> str:
 
 @dataclass(frozen=True)
 class JobConfig:
-    """One job's options, as the box's command line or the service's request gives them (the
-    worker's warmup and iters are those of :class:`Tools`, which may lower them on the CPU)."""
+    """One job's run: its slice and kind, its allotment, where its rows, ledger and summary go,
+    and the options of the contract (the worker's warmup and iters are those of :class:`Tools`,
+    which lowers them on the CPU)."""
 
     slice: str
     kind: str
@@ -240,21 +241,26 @@ class JobConfig:
     rows_path: Path
     ledger_path: Path
     summary_path: Path | None = None
-    batch: int = 6
-    seed: int = 0
-    max_dist: int = 2
-    tail_cap: int = 200
-    filter: str | None = None
-    max_attempts: int = 2
-    point_timeout_s: float = 300.0
-    warmup: int = 5
-    iters: int = 20
-    compile_workers: int | None = None  # None: the box's spare cores; 0: no compile-ahead
-    max_cv: float = 0.05
-    remeasure: int = 2
-    baselines: str = "torch,compile"  # --baselines: which baselines the own slice measures
-    box_gpus: str = "1"  # --box-gpus: the GPUs the tools measure on, one lane each
+    sweep: SweepOptions = field(default_factory=SweepOptions)
+    tools: ToolsSpec = field(default_factory=ToolsSpec)
     run_id: str = field(default_factory=new_run_id)
+
+    @classmethod
+    def make(cls, *, slice: str, kind: str, budget_s: float, rows_path: Path,
+             ledger_path: Path, summary_path: Path | None = None, run_id: str | None = None,
+             **options: Any) -> JobConfig:
+        """A job with options given by name (``batch=2``, ``max_cv=0.1``, …), each going to the
+        contract's value that declares it; an unknown name is an error."""
+        sweep = {f.name for f in dataclasses.fields(SweepOptions)}
+        tools = {f.name for f in dataclasses.fields(ToolsSpec)}
+        unknown = sorted(set(options) - sweep - tools)
+        if unknown:
+            raise TypeError(f"unknown job option(s): {', '.join(unknown)}")
+        return cls(slice=slice, kind=kind, budget_s=budget_s, rows_path=rows_path,
+                   ledger_path=ledger_path, summary_path=summary_path,
+                   sweep=SweepOptions(**{k: v for k, v in options.items() if k in sweep}),
+                   tools=ToolsSpec(**{k: v for k, v in options.items() if k in tools}),
+                   run_id=run_id or new_run_id())
 
 
 def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any],
@@ -353,14 +359,15 @@ class Tools:
         return self.baseline_workers[lane]
 
     @classmethod
-    def start(cls, cfg: JobConfig, worker_log: Path, compile_pool: Any = None) -> Tools:
-        """The tools of ``cfg``; a ``--box-gpus`` this box cannot give (too many GPUs, an index
-        it has not, a GPU of another card) raises :class:`~harness.box.probe.LaneError`
-        before anything is measured."""
+    def start(cls, spec: ToolsSpec, seed: int, worker_log: Path,
+              compile_pool: Any = None) -> Tools:
+        """The tools ``spec`` asks for (``seed``: of the workers' inputs); a ``--box-gpus`` this
+        box cannot give (too many GPUs, an index it has not, a GPU of another card) raises
+        :class:`~harness.contract.LaneError` before anything is measured."""
         from harness.box.compiler import CompilePool, default_workers
 
-        want = parse_box_gpus(cfg.box_gpus)
-        n_pool = default_workers() if cfg.compile_workers is None else cfg.compile_workers
+        want = parse_box_gpus(spec.box_gpus)
+        n_pool = default_workers() if spec.compile_workers is None else spec.compile_workers
         pool, workers, made = compile_pool, [], False  # made: started early, here
         lanes: tuple[Lane, ...] | None = None
         if compile_pool is None and gpu_likely():
@@ -369,9 +376,9 @@ class Tools:
             made = pool is not None
             if pool is not None:
                 pool.warm()
-            workers = [Worker(DEPLOYABLE, cfg.warmup, cfg.iters, cfg.seed,
-                              _lane_log(worker_log, lane), max_cv=cfg.max_cv,
-                              remeasure=cfg.remeasure, env=lane.env()) for lane in lanes]
+            workers = [Worker(DEPLOYABLE, spec.warmup, spec.iters, seed,
+                              _lane_log(worker_log, lane), max_cv=spec.max_cv,
+                              remeasure=spec.remeasure, env=lane.env()) for lane in lanes]
             for w in workers:
                 w.start()
         try:
@@ -392,12 +399,12 @@ class Tools:
                 _close_early(pool if made else None, workers)
                 pool, workers, made = None, [], False
         else:
-            warmup, iters, remeasure = cfg.warmup, cfg.iters, cfg.remeasure
+            warmup, iters, remeasure = spec.warmup, spec.iters, spec.remeasure
             if pool is None and compile_pool is None and n_pool > 0:
                 pool, made = CompilePool(n_pool, target=_pool_target()), True
         if not workers:
-            workers = [Worker(regime, warmup, iters, cfg.seed, _lane_log(worker_log, lane),
-                              max_cv=cfg.max_cv, remeasure=remeasure, env=lane.env())
+            workers = [Worker(regime, warmup, iters, seed, _lane_log(worker_log, lane),
+                              max_cv=spec.max_cv, remeasure=remeasure, env=lane.env())
                        for lane in lanes]
         # tools started for one job close their pool with the job, one handed in too
         return cls(info=info, card=card, pool=pool, worker=workers[0], warmup=warmup,
@@ -433,15 +440,30 @@ def _close_early(pool: Any, workers: list[Any]) -> None:
 LEDGER_SAVE_S = 10.0
 
 
-# A point started near the end of the allotment may run this far past it before it is cut (and
-# left for the next run): the bound that keeps every job within about a minute of its allotment.
-BUDGET_GRACE_S = 20.0
+# Where a job's compiles of the coming job start: when its own are all planned, or this many
+# seconds before its allotment ends (the next job's first batches then compile meanwhile).
+PREFETCH_S = 5.0
+
+
+def lookahead(n_compile: int, batch: int, n_lanes: int) -> int:
+    """Batches planned beyond the one a lane measures: enough to keep ``n_compile`` pool
+    processes busy twice over, and each lane's next batch compiling while it measures one."""
+    return -(-2 * n_compile // max(1, batch)) + n_lanes - 1 if n_compile else 0
+
+
+def job_points(tools: Tools, cfg: JobConfig) -> list[pools.Point]:
+    """Every point of the job's slice and kind on the box's card."""
+    s = cfg.sweep
+    return pools.build(tools.card, kinds=[cfg.kind], filter=s.filter, max_dist=s.max_dist,
+                       tail_cap=s.tail_cap, baselines=parse_baselines(s.baselines)
+                       ).points(cfg.slice, cfg.kind)
 
 
 def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
             compile_pool: Any = None, *, tools: Tools | None = None,
-            started: float | None = None,
-            should_stop: Any = None) -> dict[str, Any]:
+            started: float | None = None, should_stop: Any = None,
+            points: list[pools.Point] | None = None, ledger: Ledger | None = None,
+            scheduler: Scheduler | None = None, prefetch: Any = None) -> dict[str, Any]:
     """Run one job to its budget or the end of its pool; returns (and writes) the summary.
 
     The coming batches are drawn ahead and compile in a process pool (``compiler.CompilePool``)
@@ -455,37 +477,40 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
 
     ``tools`` are the box service's (kept warm across jobs; else the job makes and closes its
     own); ``started`` is when the job's time began on ``clock`` (default: now); ``should_stop``
-    is asked before every point (the service's stop request).  ``compile_pool`` is a test
-    seam.  The parts (scheduler, allotment, durability, statistics) are in
-    :mod:`harness.box.job`."""
+    is asked before every point (the service's stop request).  The session hands in what it
+    made once: the job's ``points``, the run's ``ledger`` and a ``scheduler`` whose first
+    batches already compile; ``prefetch`` is called once when the job's own compiles are all
+    planned or its allotment nearly spent (the session starts the next job's compiles).
+    ``compile_pool`` is a test seam.  The parts (scheduler, allotment, durability, statistics)
+    are in :mod:`harness.box.job`."""
     time_ = Allotment(cfg.budget_s, clock() if started is None else started, clock,
-                      cfg.point_timeout_s, BUDGET_GRACE_S)
+                      cfg.sweep.point_timeout_s, BUDGET_GRACE_S)
     cfg.rows_path.parent.mkdir(parents=True, exist_ok=True)
     own_tools = tools is None
     if tools is None:
-        tools = Tools.start(cfg, cfg.rows_path.parent / "worker.log", compile_pool)
+        tools = Tools.start(cfg.tools, cfg.sweep.seed, cfg.rows_path.parent / "worker.log",
+                            compile_pool)
     try:
-        ledger = Ledger.load(cfg.ledger_path)
-        points = pools.build(tools.card, kinds=[cfg.kind], filter=cfg.filter,
-                             max_dist=cfg.max_dist, tail_cap=cfg.tail_cap,
-                             baselines=shipped.parse_baselines(cfg.baselines)
-                             ).points(cfg.slice, cfg.kind)
+        if ledger is None:
+            ledger = Ledger.load(cfg.ledger_path)
+        if points is None:
+            points = job_points(tools, cfg)
     except BaseException:
         if own_tools:
             tools.close()
         raise
+    book = ledger
     regime = tools.regime
     pool = tools.pool
     n_compile = pool.workers if pool is not None else 0
 
     def needs_run(p: pools.Point) -> bool:
-        return ledger.needs_run(p.key, regime, cfg.max_attempts)
+        return book.needs_run(p.key, regime, cfg.sweep.max_attempts)
 
     n_lanes = len(tools.lanes)
-    # each lane's next batch compiles while it measures one: a batch ahead per lane more
-    sched = Scheduler([p for p in points if needs_run(p)], cfg.batch, random.Random(cfg.seed),
-                      pool, -(-2 * n_compile // max(1, cfg.batch)) + n_lanes - 1
-                      if pool is not None else 0)
+    sched = scheduler or Scheduler([p for p in points if needs_run(p)], cfg.sweep.batch,
+                                   random.Random(cfg.sweep.seed), pool,
+                                   lookahead(n_compile, cfg.sweep.batch, n_lanes))
     lanes_note = f"; {n_lanes} lanes" if n_lanes > 1 else ""
     print(f"[sweep] card {tools.card.name} ({regime}); job {cfg.slice}-{cfg.kind}: "
           f"{sched.left} of {len(points)} points to measure; budget {cfg.budget_s:.0f}s; "
@@ -500,7 +525,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
                     LEDGER_SAVE_S)
     stop, error = "pool exhausted", None
     try:
-        stop = _measure(cfg, tools, sched, time_, store, stats, should_stop, needs_run, log)
+        stop = _measure(cfg, tools, sched, time_, store, stats, should_stop, needs_run, log,
+                        prefetch)
         store.save()
     except BoxWriteError as exc:
         error, stop = str(exc), "failed: rows or ledger not written"
@@ -519,7 +545,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
         if own_tools:
             tools.close()
         elif pool is not None and hasattr(pool, "forget"):
-            pool.forget()
+            pool.forget(p.key for p in points)  # (the next job's compiles go on)
     elapsed = time_.elapsed_s()
     done = sum(1 for p in points if not needs_run(p))
     summary = {"run_id": cfg.run_id, "slice": cfg.slice, "kind": cfg.kind,
@@ -551,11 +577,12 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
 
 
 def _measure(cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment, store: Durable,
-             stats: JobStats, should_stop: Any, needs_run: Any, log: Any) -> str:
+             stats: JobStats, should_stop: Any, needs_run: Any, log: Any,
+             prefetch: Any = None) -> str:
     """The job's loop: batch after batch until the pool, the allotment or a stop ends it;
     returns why it ended.  One lane measures in this thread; several measure in a thread each
     (:class:`_Lanes`), and ``stats`` then holds their sum."""
-    job = _Lanes(cfg, tools, sched, time_, store, should_stop, needs_run, log)
+    job = _Lanes(cfg, tools, sched, time_, store, should_stop, needs_run, log, prefetch)
     if len(tools.lanes) == 1:
         return job.lane(tools.lanes[0], stats)
     return job.run_all(stats)
@@ -572,14 +599,16 @@ class _Lanes:
     the others after their current point, and the job then fails as a job of one lane does."""
 
     def __init__(self, cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment,
-                 store: Durable, should_stop: Any, needs_run: Any, log: Any) -> None:
+                 store: Durable, should_stop: Any, needs_run: Any, log: Any,
+                 prefetch: Any = None) -> None:
         from harness import kinds as registry
 
         self.cfg, self.tools, self.sched, self.time_ = cfg, tools, sched, time_
         self.store, self.should_stop, self.needs_run, self.log = store, should_stop, needs_run, log
         self.kind = registry.get(cfg.kind)
         self.card_feats = tools.card.features()
-        self.timing = {"warmup": tools.warmup, "iters": tools.iters, "max_cv": cfg.max_cv}
+        self.timing = {"warmup": tools.warmup, "iters": tools.iters, "max_cv": cfg.tools.max_cv}
+        self.prefetch = prefetch  # called once: the next job's compiles may start
         self.guard = threading.Condition(threading.Lock())
         self.halt = threading.Event()  # set under ``guard``: no row is recorded after it
         self.busy = 0  # lanes measuring a batch
@@ -644,6 +673,9 @@ class _Lanes:
             if self.asked():
                 return "stopped on request"
             planned = self.sched.next_batch()
+            if self.prefetch is not None and (self.sched.dry or self.time_.left_s() < PREFETCH_S):
+                prefetch, self.prefetch = self.prefetch, None
+                prefetch()
             if planned is not None:
                 self.busy += 1
                 self.batches += 1
@@ -760,6 +792,6 @@ def _measure_point(p: pools.Point, cfg: JobConfig, pool: Any, worker: Any, time_
         # timeout row (an attempt) and a kernel that hangs is retired
         cut = True
         res["error"] = (f"no answer in {bound:.0f}s, when the job's allotment ran out (its own "
-                        f"bound is {cfg.point_timeout_s:.0f}s)")
+                        f"bound is {cfg.sweep.point_timeout_s:.0f}s)")
     res["compiled_ahead"] = "compiled_ahead" in req
     return res, cut

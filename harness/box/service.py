@@ -1,124 +1,339 @@
-"""The box service: one process per session that runs the session's jobs, its tools kept warm.
+"""The box service: one process per session that runs a card's whole session on the box's clock.
 
-Started once after setup in the tmux session ``emmy-node-sweep`` (``python -m harness.box serve
---run-dir BOX/rows/<run_id> --service-dir BOX/service/<run_id> …``), it probes the box and
-starts the compile pool and the bench worker once, then takes the controller's requests, one
-job at a time, through files in the service folder (kept apart from the rows, so a full rows
-disk cannot stop the service from saying a job failed):
+Started after setup in the tmux session ``emmy-node-sweep`` as ``python -m harness.box serve
+--session BOX/service/<session_id>/session.json``.  The request
+(:class:`~harness.contract.SessionSpec`) names every job pytest selected, in order, with the
+budget, the slices' shares, the paces and the options.  The service
 
-- ``job-NNNN.json``: a job (slice, kind, allotment, rows file, summary file), written by the
-  controller; the service runs it (:func:`harness.box.runner.run_job` with its tools) and writes
-  ``job-NNNN.done`` (``{"status": "ok"|"failed", "error": …}``) after the job's summary;
-- ``job-NNNN.stop``: stop that job at its next point (the controller's ``--timeout-s``, Ctrl-C);
-- ``alive``: touched by every poll of the controller; when nobody has touched it for
-  ``--idle-s`` and no job runs, the service ends (its controller is gone);
-- ``quit``: end now (the session is over).
+1. claims the request (``claim.json``, made exclusively: a request is run by one process, once;
+   a second service, or one started after a service of it died, refuses it);
+2. starts its tools once (probe, compile pool, a bench worker per lane) and builds every job's
+   pool once;
+3. plans the budget (:mod:`harness.planner`) and runs the jobs back to back: a job's
+   allotment is water-filled when the job before it ends, on this box's clock, and once every
+   job has run, what is left tops up the jobs that still have points, until the budget or the
+   points run out.  The next job's first batches compile while a job ends, so the GPU never
+   waits for a job boundary nor for the controller.
 
-``ready.json`` says the service is up (its pid, card, regime and measuring lanes).  With
-``--box-gpus`` the service measures on several GPUs of the box, one lane (a bench worker pinned
-to its GPU) each, and every job is shared by all of them.  A kernel that kills a bench worker
-costs that point (that lane's worker restarts); a job that fails (a full disk) is reported
-failed and the service takes the next one.  Stdlib + torch + triton only.
+It answers through files: ``status.json`` (:class:`~harness.contract.SessionStatus`, rewritten
+whole at every change), each run's rows and summary (:class:`~harness.contract.Layout`).  The
+controller watches them, fetches each job's rows as it ends and merges them while the box
+measures on; it may ask for ``stop`` (end the job in flight at its next point; run nothing
+more) or ``drain`` (run nothing after the job in flight).  The service ends with its session.
+Stdlib + torch + triton only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import signal
+import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from harness.box.runner import JobConfig, Tools, run_job
+from harness import pools, shipped
+from harness.box.job import Scheduler
+from harness.box.runner import JobConfig, Tools, lookahead, run_job
+from harness.contract import (
+    ENDED,
+    JOB_OVERHEAD_S,
+    MIN_JOB_S,
+    SESSION_ENDED,
+    SLICES,
+    Entry,
+    JobRef,
+    Layout,
+    SessionSpec,
+    SessionStatus,
+    parse_baselines,
+)
+from harness.ledger import Ledger
+from harness.planner import BudgetPlan, Ran, run_session, session_plan
 
-JOB_FIELDS = ("slice", "kind", "budget_s", "rows_path", "ledger_path", "summary_path", "run_id",
-              "batch", "seed", "max_dist", "tail_cap", "filter", "max_attempts", "point_timeout_s",
-              "baselines")
+STATUS_EVERY_S = 2.0  # the running job's time in the status is at most this old
 
 
-def _write_json(path: Path, data: Any) -> None:
+class Refused(RuntimeError):
+    """The request cannot be served: it was claimed before, or it cannot be read."""
+
+
+class Ended(BaseException):
+    """The service was told to end by a signal (tmux ended its session, a ``kill``)."""
+
+    @property
+    def signum(self) -> int:
+        return int(self.args[0]) if self.args else 2
+
+
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+    tmp.write_text(text + "\n")
     os.replace(tmp, path)
 
 
+def claim(path: Path) -> None:
+    """Take the request for this process, once and for all: the claim is made exclusively, and
+    a claimed request is never run again, whether its claimer lives or died (its job's rows
+    are harvested by the controller, which sends what is left as a new session)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, ValueError):
+            held = {}
+        raise Refused(f"session {path.parent.name} was claimed already (by pid {held.get('pid')} "
+                      f"on {held.get('host')}); a session is run once") from None
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}, fh)
+
+
 class Service:
-    def __init__(self, run_dir: Path, defaults: JobConfig, idle_s: float = 600.0,
-                 log: Any = sys.stdout, poll_s: float = 0.2,
-                 service_dir: Path | None = None) -> None:
-        self.run_dir = run_dir
-        self.dir = service_dir or run_dir / "service"
-        self.defaults = defaults
-        self.idle_s = idle_s
+    """One session on the box.  ``clock`` is the box's monotonic clock (a test seam)."""
+
+    def __init__(self, spec_path: Path, log: Any = sys.stdout, clock: Any = time.monotonic) -> None:
+        self.spec_path = spec_path
+        self.dir = spec_path.parent
         self.log = log
-        self.poll_s = poll_s
+        self.clock = clock
+        self.status: SessionStatus | None = None
+        self._primed: dict[JobRef, Scheduler] = {}
+        self._lock = threading.Lock()
+        self._written = 0.0
 
-    def _pending(self) -> Path | None:
-        for req in sorted(self.dir.glob("job-*.json")):
-            if not req.with_suffix(".done").exists():
-                return req
-        return None
+    # -- the session's files ------------------------------------------------------------------
+    def _write(self) -> None:
+        assert self.status is not None
+        with self._lock:  # the lanes of a job call in from their threads
+            self.status.spent_s = round(sum(e.elapsed_s for e in self.status.entries), 2)
+            write_atomic(self.dir / "status.json", self.status.to_json())
+            self._written = self.clock()
 
-    def _idle_for(self) -> float:
-        try:
-            return time.time() - (self.dir / "alive").stat().st_mtime
-        except OSError:
-            return 0.0  # never touched yet: the controller is starting
+    def _ended(self, *ids: str) -> None:
+        """Say that runs (or the session) have ended, after the status that says how."""
+        with self._lock, open(self.dir / ENDED, "a") as fh:
+            fh.write("".join(f"{i}\n" for i in ids))
 
+    def _say(self, line: str) -> None:
+        print(line, file=self.log, flush=True)
+
+    def _asked(self, name: str) -> bool:
+        return (self.dir / name).exists()
+
+    # -- the session --------------------------------------------------------------------------
     def serve(self) -> int:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "alive").touch()
-        t = time.monotonic()
-        tools = Tools.start(self.defaults, self.run_dir / "worker.log")
         try:
-            _write_json(self.dir / "ready.json", {
-                "pid": os.getpid(), "card": tools.card.name, "regime": tools.regime,
-                "start_s": round(time.monotonic() - t, 2),
-                "compile_workers": tools.pool.workers if tools.pool is not None else 0,
-                "lanes": [{"lane": lane.index, "gpu_index": lane.gpu_index,
-                           "gpu_uuid": lane.gpu_uuid} for lane in tools.lanes]})
+            spec = SessionSpec.from_json(self.spec_path.read_text())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self._say(f"[service] error: cannot read the session request {self.spec_path}: {exc}")
+            return 2
+        try:
+            claim(self.dir / "claim.json")
+        except Refused as exc:
+            self._say(f"[service] error: {exc}")
+            return 3
+        self.spec = spec
+        self.layout = Layout(str(self.dir.parent.parent), spec.run_id, spec.session_id)
+        self.status = SessionStatus(spec.session_id, spec.run_id, budget_s=spec.budget_s,
+                                    pid=os.getpid(),
+                                    entries=[Entry(j.slice, j.kind) for j in spec.jobs])
+        self._write()
+        run_dir = Path(self.layout.run_dir)
+        Path(self.layout.summary_dir).mkdir(parents=True, exist_ok=True)
+        t0 = self.clock()
+        tools = None
+        rc = 0
+        try:
+            tools = Tools.start(spec.tools, spec.sweep.seed, run_dir / "worker.log")
+            self.tools = tools
             lanes = (f" with {len(tools.lanes)} lanes ("
                      + ", ".join(lane.describe() for lane in tools.lanes) + ")"
                      if len(tools.lanes) > 1 else "")
-            print(f"[service] up on {tools.card.name} ({tools.regime}){lanes} in "
-                  f"{time.monotonic() - t:.1f}s; waiting for jobs", file=self.log, flush=True)
-            while not (self.dir / "quit").exists():
-                req = self._pending()
-                if req is None:
-                    if self._idle_for() > self.idle_s:
-                        print(f"[service] no word from the controller for {self.idle_s:.0f}s: "
-                              "ending", file=self.log, flush=True)
-                        break
-                    time.sleep(self.poll_s)
-                    continue
-                self._run(req, tools)
+            self._say(f"[service] up on {tools.card.name} ({tools.regime}){lanes} in "
+                      f"{self.clock() - t0:.1f}s; session {spec.session_id}: "
+                      f"{len(spec.jobs)} jobs, budget {spec.budget_s:.0f}s")
+            self.status.card, self.status.regime = tools.card.name, tools.regime
+            self.status.lanes = len(tools.lanes)
+            plan = self._plan(tools)
+            self.status.state = "running"
+            self._write()
+            self._last_end = self.clock()
+            run_session(plan, self._run, self._skip,
+                        stopping=lambda: self._asked("stop") or self._asked("drain"))
+            self.status.state = "stopped" if self._asked("stop") or self._asked("drain") \
+                else "done"
+        except (Ended, KeyboardInterrupt) as exc:
+            signum = exc.signum if isinstance(exc, Ended) else signal.SIGINT
+            self.status.state = "stopped"
+            self.status.error = f"the service was ended by {signal.Signals(signum).name}"
+            self._say(f"[service] {self.status.error}")
+            rc = 128 + signum
+        except Exception as exc:  # noqa: BLE001 - said in the status, for the controller
+            self.status.state = "failed"
+            self.status.error = f"{type(exc).__name__}: {exc}"
+            self._say(f"[service] error: {self.status.error}")
+            self._say(traceback.format_exc()[-3000:])
+            rc = 1
         finally:
-            tools.close()
-        print("[service] ended", file=self.log, flush=True)
-        return 0
+            for sched in self._primed.values():
+                if tools is not None and tools.pool is not None:
+                    tools.pool.forget(sched.keys)
+            if tools is not None:
+                tools.close()
+            why = {"done": "not reached", "stopped": "the session was stopped before it ran",
+                   "failed": "the session failed before it ran"}.get(self.status.state, "")
+            closed = []
+            for e in self.status.entries:
+                if e.state == "running":
+                    e.state, e.reason = "stopped", self.status.error or "the session ended"
+                    closed.append(e.id)
+                elif e.state == "planned":
+                    e.state, e.reason = "skipped", why
+                    closed.append(e.id)
+            self.status.current = None
+            self._write()
+            self._ended(*closed, SESSION_ENDED)
+        self._say(f"[service] session {spec.session_id} {self.status.state}: "
+                  f"{self.status.spent_s:.0f}s of {spec.budget_s:.0f}s spent")
+        return rc
 
-    def _run(self, req: Path, tools: Tools) -> None:
-        started = time.monotonic()
-        stop_file = req.with_suffix(".stop")
-        done: dict[str, Any] = {"status": "ok"}
+    def _plan(self, tools: Tools) -> BudgetPlan:
+        """Every job's points (one pool build for the session), and the budget's plan."""
+        spec, s = self.spec, self.spec.sweep
+        self.ledger = Ledger.load(Path(self.layout.ledger))
+        kinds = sorted({j.kind for j in spec.jobs})
+        pool = pools.build(tools.card, kinds=kinds, filter=s.filter, max_dist=s.max_dist,
+                           tail_cap=s.tail_cap, baselines=parse_baselines(s.baselines))
+        self.points = {j: pool.points(j.slice, j.kind) for j in spec.jobs}
+        regime = tools.regime
+        todo = {j: [p for p in pts if self.ledger.needs_run(p.key, regime, s.max_attempts)]
+                for j, pts in self.points.items()}
+        heavy = {j: sum(1 for p in pts if p.spec == shipped.COMPILE_SPEC) for j, pts in todo.items()}
+        plan = session_plan(spec, {j: len(v) for j, v in todo.items()}, heavy, len(tools.lanes))
+        self.plan = plan
+        skipped = []
+        for e in self.status.entries:  # type: ignore[union-attr]
+            e.points_total, e.points_left = len(self.points[e.job]), len(todo[e.job])
+            if e.job not in plan.order:
+                e.state, e.reason = "skipped", self._nothing_left(e.job, pool, tools)
+                skipped.append(e.id)
+        self._write()
+        self._ended(*skipped)
+        for s_ in SLICES:
+            for kind in kinds:
+                n = sum(len(v) for j, v in todo.items() if j.slice == s_ and j.kind == kind)
+                if any(j.slice == s_ and j.kind == kind for j in spec.jobs):
+                    self._say(f"[plan] {s_:5} {kind:12} {n:6} to measure")
+        return plan
+
+    def _nothing_left(self, job: JobRef, pool: pools.PoolSet, tools: Tools) -> str:
+        """Why a job has nothing to run, true on a re-run too."""
+        if self.spec.shares.get(job.slice, 0) <= 0:
+            return f"--share-{job.slice}=0: the {job.slice} slice is skipped"
+        total = len(self.points[job])
+        flt = self.spec.sweep.filter
+        if flt and not any(pool.points(s, job.kind) for s in SLICES):
+            return f"--filter={flt!r} keeps no {job.kind} shape"
+        if total:
+            return (f"all {total} {job.kind} points of the {job.slice} slice on {tools.card.name} "
+                    "are in the node table already")
+        why = {"own": " (no anchors of this card)",
+               "cross": " (no other card's anchors realize here)"}.get(job.slice, "")
+        return f"no {job.kind} points in the {job.slice} slice on {tools.card.name}{why}"
+
+    def _needs_run(self, job: JobRef) -> list[pools.Point]:
+        s = self.spec.sweep
+        return [p for p in self.points[job]
+                if self.ledger.needs_run(p.key, self.tools.regime, s.max_attempts)]
+
+    def _skip(self, job: JobRef, allot: float) -> None:
+        assert self.status is not None
+        e = self.status.entry(job.id)
+        assert e is not None
+        e.state, e.allotment_s = "skipped", round(allot, 1)
+        e.reason = (f"no budget left for this job ({allot:.1f}s allotted; under "
+                    f"{MIN_JOB_S:.0f}s it would measure nothing)")
+        primed = self._primed.pop(job, None)
+        if primed is not None and self.tools.pool is not None:
+            self.tools.pool.forget(primed.keys)
+        self._write()
+        self._ended(e.id)
+
+    def _prime_next(self, job: JobRef) -> None:
+        """The job after ``job`` in the session's order: its first batches go to the compile
+        pool now, while ``job`` ends."""
+        assert self.status is not None
+        nxt = next((e.job for e in self.status.entries if e.state == "planned"), None)
+        if nxt is None or nxt in self._primed or self.tools.pool is None:
+            return
+        s = self.spec.sweep
+        sched = Scheduler(self._needs_run(nxt), s.batch, random.Random(s.seed), self.tools.pool,
+                          lookahead(self.tools.pool.workers, s.batch, len(self.tools.lanes)))
+        sched.prime()
+        self._primed[nxt] = sched
+
+    def _run(self, job: JobRef, allot: float, rnd: int) -> Ran:
+        """Run one job (``rnd`` 0) or top-up (1, 2, …) for ``allot`` seconds of the box."""
+        status, spec, tools = self.status, self.spec, self.tools
+        assert status is not None
+        if rnd == 0:
+            entry = status.entry(job.id)
+            assert entry is not None
+        else:
+            entry = Entry(job.slice, job.kind, round=rnd)
+            status.entries.append(entry)
+        entry.state, entry.allotment_s = "running", round(allot, 1)
+        entry.points_total = len(self.points[job])
+        entry.points_left = len(self._needs_run(job))
+        status.current = entry.id
+        self._write()
+        cfg = JobConfig(slice=job.slice, kind=job.kind, budget_s=allot,
+                        rows_path=Path(self.layout.rows(entry.id)),
+                        ledger_path=Path(self.layout.ledger),
+                        summary_path=Path(self.layout.summary(entry.id)),
+                        sweep=spec.sweep, tools=spec.tools, run_id=spec.run_id)
+        started = self._last_end  # the time between jobs is the job's
+
+        def should_stop() -> bool:  # asked before every point: the status says how far it is
+            now = self.clock()
+            if now - self._written >= STATUS_EVERY_S:
+                entry.elapsed_s = round(now - started, 2)
+                self._write()
+            return self._asked("stop")
+
+        summary: dict[str, Any] = {}
         try:
-            data = json.loads(req.read_text())
-            fields = {k: data[k] for k in JOB_FIELDS if k in data}
-            for k in ("rows_path", "ledger_path", "summary_path"):
-                fields[k] = Path(fields[k])
-            base = {k: getattr(self.defaults, k) for k in ("warmup", "iters", "compile_workers",
-                                                          "max_cv", "remeasure", "box_gpus")}
-            cfg = JobConfig(**{**base, **fields})
-            summary = run_job(cfg, log=self.log, tools=tools, started=started,
-                              should_stop=stop_file.exists)
-            done["stop"] = summary.get("stop")
+            summary = run_job(cfg, log=self.log, clock=self.clock, tools=tools, started=started,
+                              should_stop=should_stop, points=self.points[job],
+                              ledger=self.ledger, scheduler=self._primed.pop(job, None),
+                              prefetch=(lambda: self._prime_next(job)) if rnd == 0 else None)
+            stop = str(summary.get("stop") or "")
+            entry.state = "stopped" if stop == "stopped on request" else "done"
+            entry.reason = stop
         except SystemExit as exc:  # the job's own failure (a rows file it cannot write)
-            done = {"status": "failed", "error": str(exc.code)}
-        except Exception as exc:  # noqa: BLE001 - one job's failure never ends the service
-            done = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()[-3000:]}
-            print(f"[service] job {req.name} failed: {done['error']}", file=self.log, flush=True)
-        done["elapsed_s"] = round(time.monotonic() - started, 2)
-        _write_json(req.with_suffix(".done"), done)
+            entry.state, entry.reason = "failed", str(exc.code)
+        except Exception as exc:  # noqa: BLE001 - one job's failure never ends the session
+            entry.state, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
+            self._say(f"[service] job {entry.id} failed: {entry.reason}")
+            self._say(traceback.format_exc()[-3000:])
+        end = self.clock()
+        elapsed = end - started
+        self._last_end = end
+        left = len(self._needs_run(job))
+        entry.elapsed_s = round(elapsed, 2)
+        entry.points_left = left
+        entry.benched = int(summary.get("benched") or 0)
+        entry.ok = int(summary.get("ok") or 0)
+        status.current = None
+        self._write()
+        self._ended(entry.id)
+        pace = None
+        if entry.benched >= 20 and entry.state == "done" and not self.plan.extra_s.get(job):
+            pace = max(0.0, elapsed - JOB_OVERHEAD_S) * len(tools.lanes) / entry.benched
+        return Ran(spent_s=elapsed, points_left=left, pace_s=pace)

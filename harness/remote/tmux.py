@@ -65,20 +65,35 @@ class Tmux:
     def kill(self, name: str) -> None:
         self.transport.run([*self._base(), "kill-session", "-t", f"={name}"], check=False, timeout=60)
 
-    def poll(self, name: str, *, log: str, status: str, extra: str = "") -> JobState:
-        """One short call: is the session alive, its exit status if any, the log's last line
-        (``extra``, a shell fragment of our own, runs first: the box lock's heartbeat)."""
+    def poll(self, name: str, *, log: str, status: str, extra: str = "", wait_s: float = 0.0,
+             until: str | None = None) -> JobState:
+        """One call: is the session alive, the status file's text if there is one (its lines
+        joined by spaces: an exit code, or a session's one-line JSON status), the log's last
+        line (``extra``, a shell fragment of our own, runs first: the box lock's heartbeat).
+        Both files are printed as they are, never through the shell's word splitting or
+        globbing.  With ``wait_s`` the call waits on the box, for up to that long, until the
+        shell condition ``until`` (of our own) holds or the session ends: the controller
+        learns of an event at once, in one call per ``wait_s``."""
         base = shlex.join(self._base())
-        script = (f"{extra + '; ' if extra else ''}if {base} has-session -t {shlex.quote('=' + name)} 2>/dev/null; "
+        alive = f"{base} has-session -t {shlex.quote('=' + name)} 2>/dev/null"
+        wait = ""
+        if wait_s > 0 and until:
+            wait = (f"i=0; while [ $i -lt {max(1, int(wait_s * 4))} ] && ! {{ {until}; }} && "
+                    f"{alive}; do sleep 0.25; i=$((i+1)); done; ")
+        script = (f"{extra + '; ' if extra else ''}{wait}if {alive}; "
                   f"then echo SESS=ALIVE; else echo SESS=DEAD; fi; "
-                  f"echo STATUS=$(cat {shlex.quote(status)} 2>/dev/null); "
-                  f"echo LAST=$(tail -n 1 {shlex.quote(log)} 2>/dev/null)")
+                  f"printf 'STATUS='; tr '\\n' ' ' 2>/dev/null < {shlex.quote(status)}; echo; "
+                  f"printf 'LAST='; tail -n 1 {shlex.quote(log)} 2>/dev/null | tr -d '\\n'; echo")
         try:
-            r = self.transport.run(["sh", "-c", script], check=False, timeout=60)
+            r = self.transport.run(["sh", "-c", script], check=False, timeout=60 + wait_s)
         except ConnectionError:
             return JobState(None, None, "")
-        fields = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        fields: dict[str, str] = {}
+        for line in r.stdout.splitlines():
+            word, eq, rest = line.partition("=")
+            if eq and word in ("SESS", "STATUS", "LAST") and word not in fields:
+                fields[word] = rest
         if "SESS" not in fields:
             return JobState(None, None, "")
-        return JobState(fields["SESS"] == "ALIVE", fields.get("STATUS") or None,
+        return JobState(fields["SESS"] == "ALIVE", fields.get("STATUS", "").strip() or None,
                         fields.get("LAST", ""))
