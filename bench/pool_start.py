@@ -68,7 +68,8 @@ def main() -> int:
     from harness import pools
     from harness.box.compiler import CompilePool
     from harness.box.gpustate import compute_capability
-    from harness.box.probe import card_from_probe, probe
+    from harness.box.probe import probe
+    from harness.cards import card_from_probe
 
     card = card_from_probe(probe())
     pool = pools.build(card, kinds=[args.kind])

@@ -255,7 +255,81 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge, _add_goldens, _add_eval, _add_report]
+def _add_plan(subparsers: Any) -> None:
+    from harness.contract import SweepOptions, add_options
+
+    p = subparsers.add_parser(
+        "plan", help="what a budget buys on a card, before anything is rented",
+        description="Counts the card's pools here, leaves out the points the node table holds "
+        "already, and runs the run's own planner (water-filled allotments, then top-ups) on "
+        "jobs simulated at the node table's paces of the card (or the defaults): which jobs "
+        "run, their allotments and about how many points each measures.")
+    p.add_argument("--card", required=True, help="the card: an alias (l40s, h100, h200, …)")
+    p.add_argument("--budget-s", type=float, required=True, help="the budget, seconds")
+    p.add_argument("--db", type=Path, default=None,
+                   help="the node table whose points and paces count (default $EMMY_TUNE_DB or "
+                        "~/.cache/emmy/autotune.db, if it exists)")
+    p.add_argument("--kind", action="append", default=None,
+                   help="plan this kind only (again for more; default every kind)")
+    p.add_argument("--slice", action="append", default=None, choices=("own", "cross", "tail"),
+                   help="plan this slice only (again for more; default every slice)")
+    p.add_argument("--lanes", type=int, default=1,
+                   help="GPUs the box measures on at once (--box-gpus), default 1")
+    for name, share in (("own", 60.0), ("cross", 25.0), ("tail", 15.0)):
+        p.add_argument(f"--share-{name}", type=float, default=share, dest=f"share_{name}",
+                       help=f"share of the budget for the {name} slice (default {share:g})")
+    add_options(p.add_argument, SweepOptions)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from harness import cards
+    from harness import kinds as registry
+    from harness.contract import OptionError, SweepOptions, ToolsSpec, new_run_id
+    from harness.ledger import Ledger
+    from harness.planner import Job, ShareError, normalize_shares
+    from harness.sessions import estimate_order, format_preview, make_spec, preview
+    from harness.slices import SLICES
+
+    try:
+        card = cards.by_alias(args.card)
+        sweep = SweepOptions.from_namespace(args)
+        shares = normalize_shares({s: getattr(args, f"share_{s}") for s in SLICES})
+    except (cards.UnknownCardError, OptionError, ShareError) as e:
+        raise CommandError(str(e), EXIT_USAGE) from None
+    if not (args.budget_s > 0) or args.lanes < 1:
+        raise CommandError(f"--budget-s={args.budget_s:g} and --lanes={args.lanes}: give a "
+                           "positive budget and at least one lane", EXIT_USAGE)
+    unknown = sorted(set(args.kind or ()) - set(registry.names()))
+    if unknown:
+        raise CommandError(f"--kind {', '.join(unknown)}: unknown; valid kinds: "
+                           f"{', '.join(registry.names())}", EXIT_USAGE)
+    db = args.db or default_db_path()
+    ledger = Ledger()
+    if db.is_file():
+        with NodeStore(db) as store:
+            ledger = Ledger.from_records(store.ledger_records([card.name]))
+    jobs = [(args.card, Job(s, k)) for s in (args.slice or SLICES)
+            for k in (args.kind or registry.names())]
+    run = new_run_id()
+    spec = make_spec(run_id=run, session_id=run, budget_s=args.budget_s, shares=shares,
+                     jobs=[j for _, j in estimate_order(jobs)], card=card.name,
+                     regime=card.regime, db=db if db.is_file() else None, sweep=sweep,
+                     tools=ToolsSpec())
+    out = preview(spec, card, ledger, lanes=args.lanes)
+    if args.json:
+        print(json.dumps({**out, "jobs": out["jobs"], "db": str(db) if db.is_file() else None},
+                         indent=1, default=str))
+    else:
+        print("\n".join(format_preview(out)))
+    return EXIT_OK
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge, _add_goldens, _add_eval, _add_report,
+                                            _add_plan]
 
 
 def build_parser() -> argparse.ArgumentParser:

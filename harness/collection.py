@@ -11,7 +11,6 @@ or at home) is merged before a box measures anything.  One controller holds a bo
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from harness import cards, pools
+from harness import cards
 from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome
 from harness.contract import (
     BUDGET_GRACE_S,
@@ -43,8 +42,7 @@ from harness.remote.boxdir import BoxDirError, BoxLock
 from harness.remote.tmux import Tmux
 from harness.remote.transport import LocalTransport
 from harness.rows import RejectedRows
-from harness.sessions import make_spec
-from harness.slices import SLICES
+from harness.sessions import estimate_order, make_spec  # noqa: F401 - the plugin's order
 from harness.store import (
     MergeReceipt,
     NodeStore,
@@ -66,26 +64,6 @@ class BoxUnusable(BoxError):
 
 class CollectWarning(UserWarning):
     """A recoverable problem of the collection that the user should see."""
-
-
-def estimate_order(selected: list[JobKey]) -> list[JobKey]:
-    """Run order before any box is seen: per card, slices own → cross → tail, and inside a
-    slice the kinds with the smallest pools first (estimated on the named card, or on the
-    interpreter / an H100 when the card is only known once the box is probed)."""
-    sizes: dict[tuple[str, str], int] = {}
-
-    def size(gpu: str, kind: str) -> int:
-        if (gpu, kind) not in sizes:
-            if gpu in (cards.LOCAL, cards.AUTO):
-                card = cards.by_alias("h100") if shutil.which("nvidia-smi") else cards.INTERPRETER
-            else:
-                card = cards.by_alias(gpu)
-            sizes[(gpu, kind)] = len(pools.build(card, kinds=[kind]).points())
-        return sizes[(gpu, kind)]
-
-    gpus = list(dict.fromkeys(g for g, _ in selected))
-    return sorted(selected, key=lambda gj: (gpus.index(gj[0]), SLICES.index(gj[1].slice),
-                                            size(gj[0], gj[1].kind), gj[1].kind))
 
 
 @dataclass

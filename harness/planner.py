@@ -347,15 +347,16 @@ def run_session(plan: BudgetPlan, run: Callable[[Job, float, int], Ran],
         left[job] = ran.points_left
         if ran.pace_s is not None:
             plan.learn(job.kind, ran.pace_s)
-    rnd = 0
+    rnd, stalled = 0, False
     while not stopping():
         rnd += 1
         todo = {job: n for job, n in left.items() if n > 0}
         if not todo or plan.remaining_s < plan.min_job_s:
             return
-        extra = plan.top_ups(todo)
+        extra = {} if stalled else plan.top_ups(todo)
         runs = [(job, extra[job]) for job in plan.order if extra.get(job, 0.0) >= plan.min_job_s]
-        if not runs:  # every share is under what a job can use: one job takes it all
+        if not runs:  # every share is under what a job can use, or a round measured nothing:
+            # the first job with points left takes all that is left
             runs = [(next(job for job in plan.order if todo.get(job)), plan.remaining_s)]
         progressed = False
         for job, allot in runs:
@@ -368,16 +369,18 @@ def run_session(plan: BudgetPlan, run: Callable[[Job, float, int], Ran],
             left[job] = ran.points_left
             if ran.pace_s is not None:
                 plan.learn(job.kind, ran.pace_s)
-        if not progressed:
-            return
+        if not progressed and stalled:
+            return  # even all that was left measured nothing (its points time out, say)
+        stalled = not progressed
 
 
 @dataclass
 class Simulated:
-    """A run of a job as the plan preview imagines it: ``heavy`` costly points first (each
-    ``heavy_s`` seconds of one lane, e.g. ``torch.compile``'s baselines), then the rest at the
-    kind's rate, ``lanes`` at a time, plus the job's own overhead; it ends when its allotment
-    or its points do.  ``log`` collects one entry per run."""
+    """A run of a job as the plan preview imagines it, as the box runs one: after the job's
+    own overhead, ``heavy`` costly points first (each ``heavy_s`` seconds of one lane, e.g.
+    ``torch.compile``'s baselines), then the rest at the kind's rate, ``lanes`` at a time; a
+    point starts while the allotment lasts and runs to its end.  ``log`` collects one entry
+    per run."""
 
     points: Mapping[Job, int]
     rates: Mapping[str, float]
@@ -397,17 +400,17 @@ class Simulated:
         measured = 0
         n_heavy = self.heavy_left.get(job, 0)
         each_heavy = (self.heavy_s or {}).get(job.kind, 0.0) / self.lanes
-        while n_heavy and clock + each_heavy <= allot:
+        while n_heavy and clock < allot:
             clock, n_heavy, measured = clock + each_heavy, n_heavy - 1, measured + 1
         self.heavy_left[job] = n_heavy
         rest = self.left[job] - measured - n_heavy
         each = self.rates[job.kind] / self.lanes
-        fit = rest if each <= 0 else min(rest, max(0, int((allot - clock) / each)))
-        if not n_heavy:
+        if clock < allot and rest > 0:
+            fit = rest if each <= 0 else min(rest, math.ceil((allot - clock) / each))
             clock += fit * each
             measured += fit
         self.left[job] -= measured
-        spent = min(allot, clock) if self.left[job] else clock
+        spent = clock
         assert self.log is not None
         self.log.append({"job": job, "round": rnd, "allotment_s": allot, "spent_s": spent,
                          "measures": measured, "points_left": self.left[job]})

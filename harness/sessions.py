@@ -11,11 +11,12 @@ for a catalog card, counts the card's pools here, and runs the run's own planner
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import pools, shipped
+from harness import cards, pools, shipped
 from harness.cards import Card
 from harness.contract import (
     COMPILE_BASELINE_S,
@@ -29,6 +30,27 @@ from harness.contract import (
 from harness.ledger import Ledger
 from harness.planner import Simulated, run_session, session_plan
 from harness.slices import SLICES
+
+
+def estimate_order(selected: Sequence[tuple[str, JobRef]]) -> list[tuple[str, JobRef]]:
+    """The run order of the selected (``--gpu`` token, job) pairs, fixed before any box is
+    seen (pytest runs items in collection order): per card, slices own → cross → tail, and
+    inside a slice the kinds with the smallest pools first (on the named card, or on the
+    interpreter / an H100 when the card is only known once the box is probed)."""
+    sizes: dict[tuple[str, str], int] = {}
+
+    def size(gpu: str, kind: str) -> int:
+        if (gpu, kind) not in sizes:
+            if gpu in (cards.LOCAL, cards.AUTO):
+                card = cards.by_alias("h100") if shutil.which("nvidia-smi") else cards.INTERPRETER
+            else:
+                card = cards.by_alias(gpu)
+            sizes[(gpu, kind)] = len(pools.build(card, kinds=[kind]).points())
+        return sizes[(gpu, kind)]
+
+    gpus = list(dict.fromkeys(g for g, _ in selected))
+    return sorted(selected, key=lambda gj: (gpus.index(gj[0]), SLICES.index(gj[1].slice),
+                                            size(gj[0], gj[1].kind), gj[1].kind))
 
 
 def paces(db: Path | None, card: str, regime: str, kinds: Iterable[str]) -> dict[str, float]:

@@ -72,7 +72,7 @@ def test_the_box_extra_pins_what_box_install_installs() -> None:
     import re
     from pathlib import Path
 
-    from harness.box import BOX_PINS
+    from harness.contract import BOX_PINS
 
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     box = re.search(r"^box = \[(.*)\]$", text, re.M)

@@ -83,7 +83,7 @@ def _cfg(tmp_path: Path, **over: Any) -> JobConfig:
                                 ledger_path=tmp_path / "ledger.json",
                                 summary_path=tmp_path / "summary.json", filter="M16_N16")
     base.update(over)
-    return JobConfig(**base)
+    return JobConfig.make(**base)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -371,7 +371,8 @@ def test_a_point_compiled_in_the_pool_is_only_loaded_by_the_worker(
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
     from harness import kinds as registry
-    from harness.box.probe import card_from_probe, probe
+    from harness.box.probe import probe
+    from harness.cards import card_from_probe
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # nothing cached
@@ -422,7 +423,8 @@ def test_small_kernels_time_without_the_launch_gap(capsys: pytest.CaptureFixture
 
     from harness import kinds as registry
     from harness.box.bench import Bencher
-    from harness.box.probe import card_from_probe, probe
+    from harness.box.probe import probe
+    from harness.cards import card_from_probe
 
     card = card_from_probe(probe())
     bencher = Bencher("cuda", 5, 20)

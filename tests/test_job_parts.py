@@ -238,7 +238,7 @@ def _job(tmp_path: Path, **over: Any) -> JobConfig:
                                 ledger_path=tmp_path / "ledger.json",
                                 summary_path=tmp_path / "summary.json", point_timeout_s=300.0)
     base.update(over)
-    return JobConfig(**base)
+    return JobConfig.make(**base)
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

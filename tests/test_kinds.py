@@ -299,7 +299,8 @@ def test_golden_pools_on_the_live_gpu(kind_name: str, capsys: pytest.CaptureFixt
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
     from harness.box.bench import Bencher
-    from harness.box.probe import card_from_probe, probe
+    from harness.box.probe import probe
+    from harness.cards import card_from_probe
 
     card = card_from_probe(probe())
     kind = registry.get(kind_name)

@@ -31,13 +31,12 @@ from harness import cards, pools
 from harness.box.job import Durable, Scheduler
 from harness.box.probe import (
     Lane,
-    LaneError,
     check_lanes_card,
     cpu_lanes,
     gpu_lanes,
     list_gpus,
-    parse_box_gpus,
 )
+from harness.contract import LaneError, parse_box_gpus
 from harness.box.runner import BoxWriteError, JobConfig, RowsWriter, Tools, run_job
 from harness.cards import INTERPRET, INTERPRETER
 from harness.ledger import Ledger
@@ -242,12 +241,13 @@ def _fake_job(tmp_path: Path, **over: Any) -> JobConfig:
                                 summary_path=tmp_path / "summary.json", filter="llama3-8b",
                                 baselines="none")
     base.update(over)
-    return JobConfig(**base)
+    return JobConfig.make(**base)
 
 
 def _pool(cfg: JobConfig, card: cards.Card) -> list[pools.Point]:
-    return pools.build(card, kinds=[cfg.kind], filter=cfg.filter, max_dist=cfg.max_dist,
-                       tail_cap=cfg.tail_cap, baselines=()).points(cfg.slice, cfg.kind)
+    return pools.build(card, kinds=[cfg.kind], filter=cfg.sweep.filter,
+                       max_dist=cfg.sweep.max_dist, tail_cap=cfg.sweep.tail_cap,
+                       baselines=()).points(cfg.slice, cfg.kind)
 
 
 def test_two_lanes_share_one_job_and_measure_every_point_once(tmp_path: Path) -> None:
@@ -330,7 +330,7 @@ def _interp_job(tmp_path: Path, **over: Any) -> JobConfig:
                                 summary_path=tmp_path / "summary.json", compile_workers=0,
                                 box_gpus="2")
     base.update(over)
-    return JobConfig(**base)
+    return JobConfig.make(**base)
 
 
 @pytest.fixture
@@ -358,7 +358,7 @@ def test_a_job_on_two_interpreter_lanes_measures_every_point_once(
 def test_a_lane_whose_worker_is_killed_goes_on_and_nothing_is_lost(
         tmp_path: Path, interpret_env: None) -> None:
     cfg = _interp_job(tmp_path, kind="matmul", batch=3)
-    tools = Tools.start(cfg, tmp_path / "worker.log")
+    tools = Tools.start(cfg.tools, cfg.sweep.seed, tmp_path / "worker.log")
     out: dict[str, Any] = {}
     job = threading.Thread(target=lambda: out.update(run_job(cfg, log=_null(), tools=tools)))
     killed = None
@@ -401,9 +401,10 @@ def test_the_box_cli_refuses_gpu_indices_on_a_cpu_box(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stderr[-2000:]
     assert "error: --box-gpus=0,1 names GPU indices, but this box measures on the CPU" in r.stderr
     assert not (tmp_path / "r.jsonl").exists()
-    bad = subprocess.run([sys.executable, "-m", "harness.box", "serve", "--run-dir",
-                          str(tmp_path), "--box-gpus", "0"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([sys.executable, "-m", "harness.box", "run", "--slice", "own", "--kind",
+                          "rms_norm", "--budget-s", "5", "--rows", str(tmp_path / "r.jsonl"),
+                          "--ledger", str(tmp_path / "l.json"), "--box-gpus", "0"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "error: --box-gpus=0: not a number of GPUs" in bad.stderr
 
 

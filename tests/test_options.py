@@ -172,18 +172,19 @@ def test_the_run_options_are_one_frozen_value_with_resolved_paths(
     import dataclasses
     from types import SimpleNamespace
 
+    from harness.contract import SweepOptions, ToolsSpec
     from harness.options import RunOptions
 
     monkeypatch.setenv("EMMY_STATE_DIR", str(tmp_path / "state"))
     names = [f.name for f in dataclasses.fields(RunOptions)]
     raw = SimpleNamespace(**{**dict.fromkeys(names), **dict(
-        gpu="local", budget_s=60.0, max_dist=2, tail_cap=200, batch=6, seed=0, ledger=None,
-        rows_dir="~/rows", no_merge=False, accept_new_host_key=False, keep_server=False,
-        box_install=False, point_timeout_s=300.0, max_cv=0.05, remeasure=2,
-        baselines="compile,torch")})
+        gpu="local", budget_s=60.0, ledger=None, rows_dir="~/rows", no_merge=False,
+        accept_new_host_key=False, keep_server=False, box_install=False)})
     opts = RunOptions.from_config(raw, gpus=["local"], shares={"own": 0.5, "cross": 0.2,
                                                                "tail": 0.3},
-                                  db=None, report_json=None, remote=None)
+                                  db=None, report_json=None, remote=None,
+                                  sweep=SweepOptions(baselines="compile,torch"),
+                                  tools=ToolsSpec())
     assert opts.ledger_path == tmp_path / "state" / "ledger.json"
     assert opts.leases_dir == tmp_path / "state" / "leases"
     assert opts.rows_dir == Path.home() / "rows" and opts.merging
@@ -191,6 +192,8 @@ def test_the_run_options_are_one_frozen_value_with_resolved_paths(
         opts.budget_s = 1.0  # type: ignore[misc]
     with pytest.raises(TypeError):
         opts.shares["own"] = 1.0  # type: ignore[index]
-    assert opts.job_fields() == {"batch": 6, "seed": 0, "point_timeout_s": 300.0, "max_dist": 2,
-                                 "tail_cap": 200, "filter": None, "baselines": "torch,compile"}
+    # what reaches the box is the contract's values, the baselines written one way
+    assert opts.sweep == SweepOptions() and opts.sweep.baselines == "torch,compile"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.sweep.batch = 1  # type: ignore[misc]
     assert opts.report()["rows_dir"] == str(Path.home() / "rows")

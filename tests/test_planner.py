@@ -405,3 +405,101 @@ def test_with_true_rates_no_budget_is_left_while_a_job_has_points_left(budget, s
     still = any(left[job] > 1 for job in plan.order)  # a last point may not fit
     if stranded and still:
         assert plan.remaining_s <= 0.05 * budget + max(rates.values()) + 1e-6
+
+
+# -- the session: every job in turn, then top-ups, on the clock of whoever runs it -----------
+
+def test_a_box_of_several_lanes_needs_a_lanes_th_of_the_time() -> None:
+    pool = {Job("own", "softmax"): 100}
+    one = BudgetPlan(1000, SHARES, pool, s_per_point=1.0)
+    four = BudgetPlan(1000, SHARES, pool, s_per_point=1.0, lanes=4)
+    assert four.need_s(Job("own", "softmax")) == pytest.approx(
+        one.need_s(Job("own", "softmax")) / 4)
+    with pytest.raises(ValueError, match="lanes must be at least 1"):
+        BudgetPlan(10, SHARES, pool, lanes=0)
+
+
+def test_a_session_runs_each_job_once_in_order_then_tops_up_what_is_left() -> None:
+    from harness.planner import Ran, run_session
+
+    pool = {Job("own", "softmax"): 10, Job("own", "matmul"): 100, Job("tail", "matmul"): 50}
+    plan = BudgetPlan(100, SHARES, pool, s_per_point={"softmax": 0.1, "matmul": 0.1},
+                      min_job_s=3.0)
+    left = dict(pool)
+    runs: list[tuple[str, int, float]] = []
+
+    def run(job: Job, allot: float, rnd: int) -> Ran:
+        # each job measures 1 point a second (ten times slower than the plan was told)
+        n = min(left[job], int(allot))
+        left[job] -= n
+        runs.append((job.id, rnd, round(allot, 1)))
+        return Ran(spent_s=float(n) if left[job] == 0 else allot, points_left=left[job])
+
+    run_session(plan, run)
+    assert [r[:2] for r in runs[:3]] == [("own-softmax", 0), ("own-matmul", 0), ("tail-matmul", 0)]
+    assert all(rnd > 0 for _, rnd, _ in runs[3:]) and runs[3:]  # top-ups after the last job
+    assert plan.remaining_s < 3.0  # spent while points remained
+    assert sum(left.values()) > 0
+
+
+def test_a_top_up_round_that_measures_nothing_gets_all_that_is_left_once_then_ends() -> None:
+    from harness.planner import Ran, run_session
+
+    pool = {Job("own", "softmax"): 10}
+    plan = BudgetPlan(100, SHARES, pool, s_per_point=1.0, min_job_s=3.0)
+    calls = []
+
+    def run(job: Job, allot: float, rnd: int) -> Ran:
+        calls.append((rnd, round(allot, 1)))
+        return Ran(spent_s=1.0, points_left=10)  # every point times out, none is measured
+
+    run_session(plan, run)
+    assert [rnd for rnd, _ in calls] == [0, 1, 2]
+    assert calls[2][1] == round(plan.budget_s - 2.0, 1)  # the last try: all that was left
+
+
+def test_a_job_allotted_under_what_a_job_can_use_is_skipped_and_said() -> None:
+    from harness.planner import Ran, run_session
+
+    pool = {Job("own", "softmax"): 10, Job("tail", "softmax"): 10}
+    plan = BudgetPlan(4, {"own": 90, "tail": 10}, pool, s_per_point=1.0, min_job_s=3.0)
+    skipped, ran = [], []
+    run_session(plan, lambda job, allot, rnd: ran.append((job.id, rnd)) or Ran(allot, 10),
+                skip=lambda job, allot: skipped.append((job.id, round(allot, 1))))
+    assert skipped == [("tail-softmax", 0.4)]
+    assert ran == [("own-softmax", 0)]
+
+
+def test_stopping_is_asked_before_every_run() -> None:
+    from harness.planner import Ran, run_session
+
+    pool = {Job("own", "softmax"): 10, Job("own", "matmul"): 10}
+    plan = BudgetPlan(100, SHARES, pool, s_per_point=1.0)
+    ran = []
+    run_session(plan, lambda job, allot, rnd: ran.append(job.id) or Ran(1.0, 0),
+                stopping=lambda: len(ran) >= 1)
+    assert ran == [plan.order[0].id]
+
+
+@settings(max_examples=200)
+@given(st.floats(10.0, 5000.0), _shares, _pools,
+       st.dictionaries(st.sampled_from(KINDS), st.floats(0.01, 1.5)),
+       st.dictionaries(st.sampled_from(KINDS), st.floats(0.2, 5.0)), st.integers(1, 4))
+def test_a_session_never_ends_with_budget_unspent_while_a_job_has_points(
+        budget, shares, pool, told, truth, lanes) -> None:
+    """Whatever the rates the plan was told, and however fast the jobs really are (each point
+    under what a job can use), the session ends with every point measured or the budget spent
+    (less than a job can use left); each run overruns its allotment by at most a point."""
+    from harness.planner import Simulated, run_session
+
+    told = {k: told.get(k, 0.1) for k in KINDS}
+    truth = {k: truth.get(k, 1.0) for k in KINDS}
+    plan = BudgetPlan(budget, shares, pool, s_per_point=told, lanes=lanes, min_job_s=3.0,
+                      job_overhead_s=1.0)
+    sim = Simulated({j: n for j, n in pool.items()}, truth, lanes=lanes, overhead_s=1.0)
+    run_session(plan, sim)
+    left = sum(sim.left[j] for j in plan.order)
+    assert sim.log is not None
+    for r in sim.log:
+        assert r["spent_s"] <= r["allotment_s"] + max(truth.values()) / lanes + 1e-9
+    assert left == 0 or plan.remaining_s < 3.0

@@ -782,31 +782,17 @@ def test_a_runs_compile_baseline_cost_is_its_kinds_then_its_cards_then_the_defau
     """torch.compile's autotuning of a fused GEMM took 33 s on the H200 where a reduction's
     took 2 s: the plan gives a kind's baselines what that kind's took, a kind never seen on
     this card what the card's took, and a card never seen the default."""
-    import dataclasses
-    from types import SimpleNamespace
+    from harness.contract import COMPILE_BASELINE_S
+    from harness.sessions import compile_costs
 
-    from harness import shipped
-    from harness.collection import Collection
-    from harness.options import RunOptions
-
-    monkeypatch.setenv("EMMY_STATE_DIR", str(tmp_path / "state"))
     db = tmp_path / "autotune.db"
     rows = [make_row(spec="baseline=compile", M=m, kind=kind, compile_s=c, bench_s=0.5,
                      features={}, knobs={"baseline": "compile"})
             for m, kind, c in [(16, "matmul", 32.5), (32, "matmul", 29.5), (64, "rms_norm", 1.5)]]
     with NodeStore(db) as store:
         store.merge(rows)
-    names = [f.name for f in dataclasses.fields(RunOptions)]
-    raw = SimpleNamespace(**{**dict.fromkeys(names), **dict(
-        gpu="local", budget_s=60.0, max_dist=2, tail_cap=200, batch=6, seed=0, ledger=None,
-        rows_dir=str(tmp_path / "rows"), no_merge=False, accept_new_host_key=False,
-        keep_server=False, box_install=False, point_timeout_s=300.0, max_cv=0.05, remeasure=2,
-        baselines="compile,torch")})
-    opts = RunOptions.from_config(raw, gpus=["local"], shares={"own": 1.0}, db=db,
-                                  report_json=None, remote=None)
-    run = Collection(opts, [])
     kinds = {"matmul", "rms_norm", "softmax"}
-    assert run._compile_baseline_s(H200, "deployable", kinds) == pytest.approx(
+    assert compile_costs(db, H200, "deployable", kinds) == pytest.approx(
         {"matmul": 33.0, "rms_norm": 2.0, "softmax": 30.0})
-    assert run._compile_baseline_s(L40S, "deployable", kinds) == dict.fromkeys(
-        kinds, shipped.COMPILE_BASELINE_S)
+    assert compile_costs(db, L40S, "deployable", kinds) == dict.fromkeys(
+        kinds, COMPILE_BASELINE_S)
