@@ -414,6 +414,15 @@ mv {status}.tmp {status}
         self.poll_session()
         return "killed"
 
+    def end(self, wait_s: float = 15.0) -> None:
+        """The session is over: let its tmux session close (the service has ended, its pane
+        follows), or end it."""
+        deadline = self.clock() + wait_s
+        while self.tmux.alive(SWEEP_SESSION) and self.clock() < deadline:
+            self.sleep(0.2)
+        if self.tmux.alive(SWEEP_SESSION):
+            self.stop()
+
     def fetch_entry(self, entry: Entry, rows_dir: Path,
                     say: Callable[[str], None] | None = None) -> JobOutcome:
         """Bring one run's rows and summary home (they stay on the box too).  A box that does

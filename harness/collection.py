@@ -415,8 +415,8 @@ class Collection:
                 try:
                     if not self.interrupts.leaving:
                         with self.interrupts.shielded():
-                            if box is not None and not box.session_over:
-                                self._end_session(box, progress)
+                            if box is not None:
+                                self._close_session(box, progress)
                             if driver.lock is not None:
                                 driver.lock.release()
                 finally:
@@ -507,10 +507,13 @@ class Collection:
                              reason=box.stopped_by or "the session ended before it ran")
             why = box.driver.wait_entry(entry_id, self._deadline(box), on_line=say, mine=mine,
                                         on_status=on_status)
+            entry = box.entries.get(entry_id)
+            if entry is not None and entry.final:
+                continue
             if why == "timeout":
                 self._stop(box, f"--timeout-s={self._limit(box):g} reached", say)
-            elif why == "dead":
-                self._died(box, say)
+            elif why == "dead" or (box.status is not None and box.status.final):
+                self._died(box, say)  # gone, or ended by a signal that was not ours
 
     def _limit(self, box: BoxState) -> float:
         return self._deadline(box) - box.started
@@ -528,11 +531,16 @@ class Collection:
         trigger, not a failure)."""
         say(f"{why}: stopping the session and bringing its rows home")
         box.stopped_by = why
-        ended = box.driver.stop_session(now=True, say=say)
+        open_ = {i for i, e in box.entries.items() if not e.final}
+        box.driver.stop_session(now=True, say=say)
         if box.driver.status is not None:
             box.see(box.driver.status)
-        if ended == "killed":  # its service did not end by itself: its account stops here
-            self._close_entries(box, "stopped", why)
+        # a service ended by force says its job died: it was this stop
+        for i in open_:
+            e = box.entries.get(i)
+            if e is not None and e.state == "died":
+                e.state, e.reason = "stopped", why
+        self._close_entries(box, "stopped", why)
 
     def _close_entries(self, box: BoxState, running: str, why: str) -> None:
         for e in box.entries.values():
@@ -545,7 +553,8 @@ class Collection:
         """The service is gone without ending its session (killed, the box rebooted, out of
         memory): the job it ran has died (its rows are harvested by its test); the jobs it had
         not begun get a new session with what is left of the budget."""
-        why = "the box service died (its tmux session is gone)"
+        why = ((box.status.error if box.status and box.status.error else None)
+               or "the box service died (its tmux session is gone)")
         todo = [e.job for e in box.entries.values() if e.state == "planned" and e.round == 0]
         for e in box.entries.values():
             if e.state == "running":
@@ -579,6 +588,8 @@ class Collection:
         holder.outcome = outcome
         if entry.round == 0:
             res.allotment_s = entry.allotment_s
+        if entry.state == "stopped" and box.stopped_by and box.stopped_by.startswith("--"):
+            outcome.summary["stop"] = f"{box.stopped_by}; harvested"
         if outcome.rows_path is not None and self.merging:
             say(f"merging the rows of {entry.id} into {self.db_path}")
             try:
@@ -620,10 +631,13 @@ class Collection:
     def _finish(self, box: BoxState, progress: Callable[[str], None]) -> None:
         """The card's last job is home: wait for the session's end (its top-ups) and bring
         home whatever is left."""
+        def say(line: str) -> None:
+            progress(f"{box.gpu} session [top-ups, {box.left_s():.0f}s of the session left]: "
+                     f"{line}")
+
         while not box.session_over and not (box.status and box.status.final):
-            say = self._sayer(progress, box, self.last_job(box.gpu)[1])  # type: ignore[index]
             why = box.driver.wait_entry(None, self._deadline(box), on_line=say,
-                                        mine=lambda line: True, on_status=box.see)
+                                        on_status=box.see)
             if why == "timeout":
                 self._stop(box, f"--timeout-s={self._limit(box):g} reached", say)
             elif why == "dead":
@@ -643,6 +657,11 @@ class Collection:
             progress(f"{box.gpu}: brought home and merged {len(got)} run(s) that ended after "
                      "their tests: " + ", ".join(e.id for e in got))
         box.session_over = True
+
+    def _close_session(self, box: BoxState, progress: Callable[[str], None]) -> None:
+        if not box.session_over:
+            self._end_session(box, progress)
+        box.driver.end()
 
     def _interrupted(self, key: JobKey, box: BoxState, exc: Interrupted,
                      say: Callable[[str], None], nodeid: str) -> None:

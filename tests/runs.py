@@ -115,7 +115,7 @@ def db_points(db: Path) -> list[tuple[str, str, str]]:
 
 def box_processes(box: Path) -> list[str]:
     """The sweep processes of this box folder still running."""
-    r = subprocess.run(["pgrep", "-af", f"harness[.]box run .*{re.escape(str(box))}"],
+    r = subprocess.run(["pgrep", "-af", f"harness[.]box (run|serve) .*{re.escape(str(box))}"],
                        capture_output=True, text=True)
     return r.stdout.splitlines()
 

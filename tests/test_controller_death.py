@@ -75,7 +75,7 @@ def test_a_second_ctrl_c_leaves_at_once_and_the_next_run_merges_what_was_left(
     first = Run(tmp_path, tmux_socket, *MATMUL)
     first.wait_for(r"\[batch 1\] own matmul")
     first.signal(signal.SIGINT)
-    first.wait_for(r"SIGINT: stopping the job")
+    first.wait_for(r"SIGINT: stopping the session")
     first.signal(signal.SIGINT)
     rc, out = first.finish(timeout=60)
     assert rc == pytest.ExitCode.INTERRUPTED, out[-3000:]

@@ -142,7 +142,7 @@ def rows_files(box: Path, job: str) -> frozenset[Path]:
 
 def box_job_left(box: Path) -> bool:
     """Is a job process of this box folder still running?"""
-    r = subprocess.run(["pgrep", "-f", f"harness[.]box run .*{re.escape(str(box))}"],
+    r = subprocess.run(["pgrep", "-f", f"harness[.]box (run|serve) .*{re.escape(str(box))}"],
                        capture_output=True)
     return r.returncode == 0
 
@@ -177,7 +177,8 @@ def test_killed_sweep_session_fails_the_job_keeps_its_rows_and_resumes(sshd, tmp
     rc, out = run.wait()
 
     assert rc == 1, out[-4000:]
-    assert "the sweep job died; tail of sweep.log" in out, out[-4000:]
+    assert re.search(r"the sweep job died \(the service was ended by SIGHUP\); tail of sweep.log",
+                     out), out[-4000:]
     assert "[batch 1]" in out.split("tail of sweep.log", 1)[1]
     job = job_line(out, "own", "matmul")
     assert job["state"].startswith("died")
@@ -245,7 +246,7 @@ def test_dropped_connection_the_job_goes_on_and_nothing_is_lost(sshd_private, tm
 
     rc, out = run.wait()
     assert rc == 0, out[-4000:]
-    assert "unreachable; the job goes on" in out and "answers again" in out, out[-4000:]
+    assert "unreachable; the session goes on" in out and "answers again" in out, out[-4000:]
     # the box's progress reached the terminal: slice, kind, points done, ok, failed, time left
     assert re.search(r"own matmul .*done \d+, ok \d+, failed \d+, left \d+, \d+s of budget left",
                      out), out[-3000:]
@@ -270,13 +271,13 @@ def test_dropped_connection_the_job_goes_on_and_nothing_is_lost(sshd_private, tm
 # -- e: --timeout-s below the budget stops and harvests -----------------------------------------
 
 def test_timeout_stops_the_sweep_and_harvests_it(sshd, tmp_path, tmux_socket, runs) -> None:
-    # --max-dist=4: an own pool (46 points here) that outlasts the 15 s
-    run = runs(sshd, tmp_path, tmux_socket, "--budget-s=300", "--timeout-s=15", "--batch=1",
+    # --max-dist=4: an own pool (46 points here, a third of a second each) that outlasts 5 s
+    run = runs(sshd, tmp_path, tmux_socket, "--budget-s=300", "--timeout-s=5", "--batch=1",
                "--max-dist=4", "-k", "matmul")
     rc, out = run.wait()
     assert rc == 0, out[-4000:]
     job = job_line(out, "own", "matmul")
-    assert job["state"] == "stopped (--timeout-s=15 reached; harvested)", out[-3000:]
+    assert job["state"] == "stopped (--timeout-s=5 reached; harvested)", out[-3000:]
     # every point measured before the stop is merged (one point per batch)
     rows = box_rows(run.box, "own-matmul")
     batches = (run.box / "sweep.log").read_text().count("[batch ")
@@ -287,9 +288,9 @@ def test_timeout_stops_the_sweep_and_harvests_it(sshd, tmp_path, tmux_socket, ru
     assert sum(1 for r in rows if not ledger.needs_run(r["point_key"], "interpret")) >= batches
     # the jobs after it do not start
     assert job_line(out, "cross", "matmul")["state"] == (
-        "skipped: --timeout-s=15 reached: the sweep was stopped")
+        "skipped: --timeout-s=5 reached: the sweep was stopped")
     assert job_line(out, "tail", "matmul")["state"] in (  # at --max-dist=4 the tail is empty
-        "skipped: --timeout-s=15 reached: the sweep was stopped",
+        "skipped: --timeout-s=5 reached: the sweep was stopped",
         "skipped: no matmul points in the tail slice on Triton CPU interpreter")
     # nothing is left running on the box
     assert not sweep_alive(tmux_socket)
@@ -318,7 +319,8 @@ def test_hostile_filter_box_dir_and_key_name_are_only_values(sshd, tmp_path, tmu
     assert rc == 0, out[-4000:]
     # the box used exactly that folder, and its planner got exactly that filter
     assert (box / "setup.status").read_text().strip() == "SETUP_OK"
-    assert json.loads((box / "pool.json").read_text())["filter"] == bad_filter
+    (request,) = (box / "service").glob("bench-*/session.json")
+    assert json.loads(request.read_text())["sweep"]["filter"] == bad_filter
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted(
         ["db", "state", box.name])
     # like any filter that matches nothing: every job skipped, saying why

@@ -453,5 +453,5 @@ def test_a_collection_run_on_two_lanes_merges_every_point_once(tmp_path: Path,
     in_db = db_points(run.db)
     assert sorted(k for k, _, _ in in_db) == sorted(r["point_key"] for r in written)
     assert out.count("merged ") == out.count(f"merged {n} node rows")  # merged once
-    ready = json.loads(next((run.box / "service").glob("*/ready.json")).read_text())
-    assert [lane["lane"] for lane in ready["lanes"]] == [0, 1]
+    status = json.loads(next((run.box / "service").glob("*/status.json")).read_text())
+    assert status["lanes"] == 2 and status["state"] == "done"

@@ -514,8 +514,9 @@ def test_a_full_disk_fails_the_job_keeps_its_rows_and_marks_only_them(tmp_path: 
                      out), out[-4000:]
     assert job_line(out, "tail", "rms_norm")["state"].startswith("failed"), out[-3000:]
     # the service said the job failed (and ended normally with the session)
-    (done,) = (box / "service").glob("bench-*/job-*.done")
-    assert json.loads(done.read_text())["status"] == "failed"
+    (status,) = (box / "service").glob("bench-*/status.json")
+    (entry,) = json.loads(status.read_text())["entries"]
+    assert entry["state"] == "failed" and "No space left on device" in entry["reason"]
     # what was written is whole, came home and was merged
     assert box_text.endswith("\n")
     rows = [json.loads(line) for line in box_text.splitlines()]

@@ -169,6 +169,8 @@ class Service:
             self.status.state = "stopped" if self._asked("stop") or self._asked("drain") \
                 else "done"
         except (Ended, KeyboardInterrupt) as exc:
+            # not the controller's stop (that comes as a file): the job in flight died, and
+            # the jobs not begun are left to the controller, which sends them again
             signum = exc.signum if isinstance(exc, Ended) else signal.SIGINT
             self.status.state = "stopped"
             self.status.error = f"the service was ended by {signal.Signals(signum).name}"
@@ -181,27 +183,38 @@ class Service:
             self._say(traceback.format_exc()[-3000:])
             rc = 1
         finally:
+            # the account first (a waiting controller goes on at once), then the tools
+            self._close(rc)
             for sched in self._primed.values():
                 if tools is not None and tools.pool is not None:
                     tools.pool.forget(sched.keys)
             if tools is not None:
                 tools.close()
-            why = {"done": "not reached", "stopped": "the session was stopped before it ran",
-                   "failed": "the session failed before it ran"}.get(self.status.state, "")
-            closed = []
-            for e in self.status.entries:
-                if e.state == "running":
-                    e.state, e.reason = "stopped", self.status.error or "the session ended"
-                    closed.append(e.id)
-                elif e.state == "planned":
-                    e.state, e.reason = "skipped", why
-                    closed.append(e.id)
-            self.status.current = None
-            self._write()
-            self._ended(*closed, SESSION_ENDED)
         self._say(f"[service] session {spec.session_id} {self.status.state}: "
                   f"{self.status.spent_s:.0f}s of {spec.budget_s:.0f}s spent")
         return rc
+
+    def _close(self, rc: int) -> None:
+        """The session's last status: every run final but the jobs a signal kept from starting
+        (the controller sends those again), and the session's end marked."""
+        status = self.status
+        assert status is not None
+        closed = []
+        for e in status.entries:
+            if e.state == "running":
+                e.state = {"failed": "failed", "done": "stopped"}.get(
+                    status.state, "died" if rc > 128 else "stopped")
+                e.reason = status.error or "the session ended"
+            elif e.state == "planned" and rc <= 128:
+                e.state, e.reason = (("failed", f"the session failed: {status.error}")
+                                     if status.state == "failed" else
+                                     ("skipped", "the session was stopped before it ran"))
+            else:
+                continue
+            closed.append(e.id)
+        status.current = None
+        self._write()
+        self._ended(*closed, SESSION_ENDED)
 
     def _plan(self, tools: Tools) -> BudgetPlan:
         """Every job's points (one pool build for the session), and the budget's plan."""
