@@ -434,26 +434,29 @@ class Collection:
         res = self.results[key]
         say = self._sayer(progress, box, job)
         try:
-            entry = self._await(box, job.id, say)
-            res.allotment_s = entry.allotment_s
-            if entry.state == "skipped":
-                res.skipped = self._skip_reason(box, entry)
-            else:
-                self._harvest(box, entry, say)
-            if key == self.last_job(gpu):
-                self._finish(box, progress)
-        except Interrupted as exc:
-            if exc.second:  # leave at once, still say where things are
-                where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
-                res.outcome = res.outcome or JobOutcome(state="interrupted", remote_rows=where)
-                res.outcome.summary.setdefault(
-                    "stop", f"{exc.signame} twice: left at once; its rows stay on the box in "
-                    f"{where}")
-                if self.harvest is not None:
-                    self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
-                                          reason=f"{exc.signame} twice: left at once")
-                raise
-            self._interrupted(key, box, exc, say, nodeid)
+            try:
+                entry = self._await(box, job.id, say)
+                res.allotment_s = entry.allotment_s
+                if entry.state == "skipped":
+                    res.skipped = self._skip_reason(box, entry)
+                else:
+                    self._harvest(box, entry, say)
+                if key == self.last_job(gpu):
+                    self._finish(box, progress)
+            except Interrupted as exc:
+                if exc.second:
+                    raise
+                self._interrupted(key, box, exc, say, nodeid)
+        except Interrupted as exc:  # the second: leave at once, still say where things are
+            where = box.driver.path("rows", self.run_id, f"{job.id}.jsonl")
+            res.outcome = res.outcome or JobOutcome(state="interrupted", remote_rows=where)
+            res.outcome.state = "interrupted"
+            res.outcome.summary["stop"] = (f"{exc.signame} twice: left at once; its rows stay "
+                                           f"on the box in {where}")
+            if self.harvest is not None:
+                self.harvest.note_job(nodeid, self.job_report(key), outcome="interrupted",
+                                      reason=f"{exc.signame} twice: left at once")
+            raise
         return res
 
     def last_job(self, gpu: str) -> JobKey | None:

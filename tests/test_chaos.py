@@ -61,7 +61,7 @@ def test_random_interruptions_lose_nothing_and_duplicate_nothing(tmp_path: Path,
             run.wait_for(r"\[batch 1\]", timeout=180)
             time.sleep(rng.uniform(0.0, 3.0))
         else:
-            run.wait_for(r": merging its rows into", timeout=240)
+            run.wait_for(r": merging the rows of [\w.-]+ into", timeout=240)
         if run.proc.poll() is None:
             run.signal(sig, group=sig != signal.SIGKILL)
         rc, out = run.finish(timeout=180)

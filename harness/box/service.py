@@ -346,6 +346,8 @@ class Service:
         status.current = None
         self._write()
         self._ended(entry.id)
+        if entry.state == "failed":  # (a full disk, say): no top-up tries it again
+            return Ran(spent_s=elapsed, points_left=0)
         pace = None
         if entry.benched >= 20 and entry.state == "done" and not self.plan.extra_s.get(job):
             pace = max(0.0, elapsed - JOB_OVERHEAD_S) * len(tools.lanes) / entry.benched
