@@ -210,13 +210,11 @@ def from_sweep(run_dir: Path, serial_s: float, out: Path) -> int:
     wall = sum(d["elapsed_s"] for d in sums)
     # the box service (one per session): its start, and the span from it to the last job's end,
     # gaps between jobs included (the GPU-hours a rented box bills for)
-    readies = list(run_dir.glob("service/*/ready.json"))
-    dones = list(run_dir.glob("service/*/job-*.done"))
     span = None
-    if readies and dones:
-        start_s = sum(json.loads(r.read_text()).get("start_s", 0.0) for r in readies)
-        span = max(d.stat().st_mtime for d in dones) - min(r.stat().st_mtime for r in readies) \
-            + start_s
+    for f in run_dir.glob("service/*/status.json"):
+        st = json.loads(f.read_text())
+        if st.get("started_at") and st.get("ended_at"):
+            span = (span or 0.0) + st["ended_at"] - st["started_at"]
     ts = _sum_times([d["time_s"] for d in sums])
     random.Random(0).shuffle(rows)
     sample = out / "serial-sample.jsonl"

@@ -437,6 +437,8 @@ class SessionStatus:
     pid: int | None = None
     error: str | None = None
     current: str | None = None  # the id of the entry running now
+    started_at: float | None = None  # the box's wall clock when the service took the request
+    ended_at: float | None = None  # ... and when the session ended
     entries: list[Entry] = field(default_factory=list)
 
     @property

@@ -141,7 +141,7 @@ class Service:
         self.spec = spec
         self.layout = Layout(str(self.dir.parent.parent), spec.run_id, spec.session_id)
         self.status = SessionStatus(spec.session_id, spec.run_id, budget_s=spec.budget_s,
-                                    pid=os.getpid(),
+                                    pid=os.getpid(), started_at=round(time.time(), 3),
                                     entries=[Entry(j.slice, j.kind) for j in spec.jobs])
         self._write()
         run_dir = Path(self.layout.run_dir)
@@ -213,6 +213,7 @@ class Service:
                 continue
             closed.append(e.id)
         status.current = None
+        status.ended_at = round(time.time(), 3)
         self._write()
         self._ended(*closed, SESSION_ENDED)
 
