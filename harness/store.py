@@ -74,6 +74,7 @@ SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
 BACKUP_GLOB = "autotune-*.db"
 CHUNK = 500  # rows looked up and written together: memory stays flat, lookups stay few
+PACE_GAP_S = 120.0  # rows of one job further apart than this: the job waited (a later top-up)
 
 # (name, SQL type, NOT NULL, default SQL literal or None); order is the table's column order.
 NODE_COLUMNS: tuple[tuple[str, str, bool, str | None], ...] = (
@@ -743,19 +744,33 @@ class NodeStore:
         return existing, measured
 
     def paces(self, gpu: str, regime: str, min_rows: int = 20) -> dict[str, float]:
-        """kind → median seconds a configuration took in this card's earlier jobs: each job
-        (run, slice, kind) with at least ``min_rows`` rows of configurations (baselines left
-        out: they cost what they cost, see :meth:`point_cost`), from its first row's time to
-        its last."""
+        """kind → median seconds one lane took a configuration in this card's earlier jobs.
+        Each job (run, slice, kind) with at least ``min_rows`` rows of configurations
+        (baselines left out: they cost what they cost, see :meth:`point_cost`) counts its time
+        from its first row to its last, less the gaps of over ``PACE_GAP_S`` between rows (a
+        top-up of the job, later in its session), over its rows, times the lanes that measured
+        it: a run on four GPUs does not make the kind look four times faster on one."""
+        groups: dict[tuple[str, str, str], tuple[list[str], set[Any]]] = {}
+        for kind, run, slice_, at, lane in self._conn.execute(
+                "SELECT kind, run_id, slice, measured_at, json_extract(provenance, '$.lane') "
+                "FROM node WHERE gpu = ? AND regime = ? AND COALESCE(spec, '') NOT LIKE "
+                "'baseline=%' ORDER BY kind, run_id, slice, measured_at", (gpu, regime)):
+            times, lanes = groups.setdefault((kind, run, slice_), ([], set()))
+            times.append(at)
+            lanes.add(lane)
         spans: dict[str, list[float]] = {}
-        for kind, n, first, last in self._conn.execute(
-                "SELECT kind, COUNT(*), MIN(measured_at), MAX(measured_at) FROM node "
-                "WHERE gpu = ? AND regime = ? AND COALESCE(spec, '') NOT LIKE 'baseline=%' "
-                "GROUP BY kind, run_id, slice HAVING COUNT(*) >= ?",
-                (gpu, regime, min_rows)):
-            t0, t1 = when(first), when(last)
-            if t0 is not None and t1 is not None and t1 > t0:
-                spans.setdefault(kind, []).append((t1 - t0).total_seconds() / (n - 1))
+        for (kind, _, _), (times, lanes) in groups.items():
+            if len(times) < min_rows:
+                continue
+            moments = [when(t) for t in times]
+            if any(m is None for m in moments):
+                continue
+            gaps = [(b - a).total_seconds()  # type: ignore[operator]
+                    for a, b in zip(moments, moments[1:], strict=False)]
+            busy = [g for g in gaps if g <= PACE_GAP_S]
+            if sum(busy) > 0:
+                spans.setdefault(kind, []).append(
+                    sum(busy) / len(busy) * max(1, len(lanes - {None})))
         return {k: sorted(v)[len(v) // 2] for k, v in spans.items()}
 
     def point_cost(self, gpu: str, regime: str, spec: str,

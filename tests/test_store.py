@@ -777,6 +777,19 @@ def test_paces_leave_baselines_out_and_point_cost_is_their_median(store: NodeSto
     assert store.point_cost(H200, "deployable", "baseline=compile", "softmax") is None
 
 
+def test_paces_are_one_lanes_and_leave_out_the_wait_before_a_top_up(store: NodeStore) -> None:
+    """Four lanes write rows four times as often: the pace is one lane's.  A top-up of the job
+    later in its session (its rows minutes after the job's) does not make the kind look slow."""
+    t = lambda s: f"2026-12-02T11:{20 + int(s // 60):02d}:{s % 60:06.3f}Z"  # noqa: E731
+    spec = "BLOCK_K=64,BLOCK_M=128,BLOCK_N={},num_stages=3,num_warps=4"
+    four = [make_row(spec=spec.format(16 * (i + 1)), measured_at=t(0.05 * i), run_id="bench-4",
+                     provenance={"lane": i % 4}) for i in range(40)]
+    one = [make_row(spec=spec.format(16 * (i + 1)), M=2048, measured_at=t(0.2 * i if i < 30 else
+                    300 + 0.2 * i), run_id="bench-1", provenance={"lane": 0}) for i in range(40)]
+    store.merge(four + one)
+    assert store.paces(H200, "deployable") == {"matmul": pytest.approx(0.2)}
+
+
 def test_a_runs_compile_baseline_cost_is_its_kinds_then_its_cards_then_the_default(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile's autotuning of a fused GEMM took 33 s on the H200 where a reduction's
