@@ -1,0 +1,100 @@
+"""The box runs the whole session: one request, claimed once; a service that dies leaves the
+jobs it had not begun to the controller, which sends them as a new session.
+
+Real tmux, real SQLite, the interpreter as the box's GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness.contract import JobRef, Layout, SessionSpec, SessionStatus
+from tests.runs import Run, box_processes, box_rows, db_points, measurements, session_alive
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tmux_socket():
+    name = f"emmy-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+
+
+def test_a_request_is_served_once_even_after_its_claimer_died(tmp_path: Path) -> None:
+    lay = Layout(str(tmp_path / "box"), "bench-1", "bench-1")
+    spec = SessionSpec(run_id="bench-1", session_id="bench-1", budget_s=5.0, shares={"own": 1},
+                       jobs=(JobRef("own", "softmax"),), s_per_point={}, compile_s={})
+    req = Path(lay.service("session.json"))
+    req.parent.mkdir(parents=True)
+    req.write_text(spec.to_json())
+    # a service claimed it and died before it wrote anything else
+    Path(lay.service("claim.json")).write_text(json.dumps({"pid": 999999999, "host": "box"}))
+    r = subprocess.run([sys.executable, "-m", "harness.box", "serve", "--session", str(req)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "EMMY_FORCE_INTERPRET": "1"})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "session bench-1 was claimed already (by pid 999999999 on box); a session is run once" \
+        in r.stdout
+    assert not Path(lay.service("status.json")).exists()
+    assert not (tmp_path / "box" / "rows").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_service_fails_its_job_and_the_jobs_it_had_not_begun_run_in_a_new_session(
+        tmp_path: Path, tmux_socket: str) -> None:
+    run = Run(tmp_path, tmux_socket, "-k", "own and (softmax or rms_norm)", "--budget-s=300",
+              "--batch=2")
+    run.wait_for(r"\[batch 1\] own softmax")
+    pattern = f"harness[.]box serve --session {re.escape(str(run.box))}"
+    subprocess.run(["pkill", "-9", "-f", pattern], check=True)
+    rc, out = run.finish()
+    assert rc == 1, out[-3000:]
+    assert "Traceback" not in out
+    assert re.search(r"the box service died \(its tmux session is gone\); starting a new session "
+                     r"for the 1 job\(s\) it had not begun", out), out[-3000:]
+    assert re.search(r"own   softmax .* died \(the box service died", out), out[-3000:]
+    assert re.search(r"own   rms_norm .* done \(pool exhausted\)", out), out[-3000:]
+    # two sessions of one run; the second ran only the job the first had not begun
+    statuses = [SessionStatus.from_json(f.read_text())
+                for f in sorted((run.box / "service").glob("bench-*/status.json"))]
+    assert len(statuses) == 2
+    first, second = sorted(statuses, key=lambda s: s.session_id)
+    assert second.session_id == first.session_id + ".2" and second.state == "done"
+    assert [e.id for e in second.entries] == ["own-rms_norm"]
+    # nothing measured twice, everything measured is merged
+    written = box_rows(run.box)
+    assert written and max(Counter(r["point_key"] for r in written).values()) == 1
+    assert {(r["point_key"], r["run_id"], r["measured_at"]) for r in written} <= \
+        measurements(run.db)
+    assert len(db_points(run.db)) == len(written)
+    assert not session_alive(tmux_socket) and box_processes(run.box) == []
+
+
+@pytest.mark.slow
+def test_a_service_ended_by_a_hang_up_says_so_and_its_job_died(tmp_path: Path,
+                                                              tmux_socket: str) -> None:
+    """SIGHUP (its tmux session killed by hand): the service writes its account, the job in
+    flight died, the controller says why, and sends what is left as a new session."""
+    run = Run(tmp_path, tmux_socket, "-k", "own and (softmax or rms_norm)", "--budget-s=300",
+              "--batch=2")
+    run.wait_for(r"\[batch 1\] own softmax")
+    subprocess.run(["pkill", f"-{signal.SIGHUP.value}", "-f",
+                    f"harness[.]box serve --session {re.escape(str(run.box))}"], check=True)
+    rc, out = run.finish()
+    assert rc == 1, out[-3000:]
+    assert re.search(r"own   softmax .* died \(the service was ended by SIGHUP\)", out), out[-3000:]
+    assert re.search(r"own   rms_norm .* done \(pool exhausted\)", out), out[-3000:]
+    (first,) = [SessionStatus.from_json(f.read_text())
+                for f in (run.box / "service").glob("bench-*/status.json")
+                if not f.parent.name.endswith(".2")]
+    assert first.state == "stopped" and first.error == "the service was ended by SIGHUP"
