@@ -108,7 +108,11 @@ class SSHServer:
             "MaxStartups 100\n"
             "MaxSessions 100\n"
             "Subsystem sftp internal-sftp\n"
-            "LogLevel VERBOSE\n")
+            "LogLevel VERBOSE\n"
+            # a box through this sshd is this machine: its tmux sockets go where the tests
+            # look for them, also when TMUX_TMPDIR points at a folder of its own
+            + (f'SetEnv "TMUX_TMPDIR={os.environ["TMUX_TMPDIR"]}"\n'
+               if os.environ.get("TMUX_TMPDIR") else ""))
         self.known_hosts.write_text(f"[{HOST}]:{self.port} {self.host_key_pub}\n")
         self.ssh_config.write_text(
             "Host testbox\n"
