@@ -42,7 +42,7 @@ from harness.remote.boxdir import BoxDirError, BoxLock
 from harness.remote.tmux import Tmux
 from harness.remote.transport import LocalTransport
 from harness.rows import RejectedRows
-from harness.sessions import estimate_order, make_spec  # noqa: F401 - the plugin's order
+from harness.sessions import make_spec
 from harness.store import (
     MergeReceipt,
     NodeStore,
@@ -435,7 +435,7 @@ class Collection:
         say = self._sayer(progress, box, job)
         try:
             try:
-                entry = self._await(box, job.id, say)
+                entry = self._await(box, job, say)
                 res.allotment_s = entry.allotment_s
                 if entry.state == "skipped":
                     res.skipped = self._skip_reason(box, entry)
@@ -479,13 +479,13 @@ class Collection:
 
         return say
 
-    def _await(self, box: BoxState, entry_id: str, say: Callable[[str], None]) -> Entry:
-        """The box's account of the run ``entry_id`` once it is final (the job ran, was
-        skipped, or never will run).  At the deadline the session is stopped; a service that
-        died is started again for the jobs it had not begun."""
+    def _await(self, box: BoxState, job: Job, say: Callable[[str], None]) -> Entry:
+        """The box's account of ``job``'s run once it is final (the job ran, was skipped, or
+        never will run).  At the deadline the session is stopped; a service that died is
+        started again for the jobs it had not begun."""
         told: set[str] = set()
-        job = box.entries.get(entry_id)
-        marks = (entry_id.replace("-", " ", 1), entry_id)
+        entry_id = job.id
+        marks = (f"{job.slice} {job.kind}", entry_id)
 
         def mine(line: str) -> bool:  # never another job's line
             return any(m in line for m in marks)
@@ -501,11 +501,10 @@ class Collection:
         while True:
             entry = box.entries.get(entry_id)
             if entry is not None and entry.final:
-                on_status(box.status) if box.status else None
+                if box.status is not None:
+                    on_status(box.status)
                 return entry
             if box.session_over:
-                slice_, _, kind = entry_id.partition("-")
-                job = job or Entry(slice_, kind)
                 return Entry(job.slice, job.kind, state="skipped",
                              reason=box.stopped_by or "the session ended before it ran")
             why = box.driver.wait_entry(entry_id, self._deadline(box), on_line=say, mine=mine,

@@ -275,7 +275,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             and hasattr(it, "callspec")]
     if not jobs:
         return
-    from harness.collection import Collection, estimate_order
+    from harness.collection import Collection
+    from harness.sessions import estimate_order
 
     opts = config.stash[CHECKED_KEY]
     selected = [it.callspec.params[JOB_FIXTURE] for it in jobs]

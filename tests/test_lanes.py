@@ -36,9 +36,9 @@ from harness.box.probe import (
     gpu_lanes,
     list_gpus,
 )
-from harness.contract import LaneError, parse_box_gpus
 from harness.box.runner import BoxWriteError, JobConfig, RowsWriter, Tools, run_job
 from harness.cards import INTERPRET, INTERPRETER
+from harness.contract import LaneError, parse_box_gpus
 from harness.ledger import Ledger
 from tests.runs import Run, box_rows, db_points
 
