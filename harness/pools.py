@@ -14,6 +14,7 @@ from typing import Any
 from harness import goldens, shipped
 from harness import kinds as registry
 from harness.cards import Card
+from harness.contract import SweepOptions
 from harness.points import make_spec, point_key
 from harness.slices import SLICES, assign_slices
 
@@ -66,7 +67,7 @@ class PoolSet:
 
 
 def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = None,
-          max_dist: int = 2, tail_cap: int = 200,
+          max_dist: int = SweepOptions.max_dist, tail_cap: int = SweepOptions.tail_cap,
           anchors: list[goldens.Anchor] | None = None,
           shapes: list[goldens.GoldenShape] | None = None,
           baselines: tuple[str, ...] = shipped.BASELINES) -> PoolSet:

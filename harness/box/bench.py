@@ -20,6 +20,7 @@ from typing import Any
 
 from harness import kinds as registry
 from harness.box import process_age_s
+from harness.contract import ToolsSpec
 from harness.shipped import BASELINE_KNOB
 
 # Errors after which the CUDA context cannot be trusted: the worker answers and exits.
@@ -35,7 +36,7 @@ class Bencher:
     """Holds the inputs of the current shape and measures configurations of it."""
 
     def __init__(self, device: str, warmup: int, iters: int, seed: int = 0,
-                 max_cv: float = 0.05, remeasure: int = 2) -> None:
+                 max_cv: float = ToolsSpec.max_cv, remeasure: int = ToolsSpec.remeasure) -> None:
         self.device = device
         self.warmup = warmup
         self.iters = iters
@@ -387,8 +388,8 @@ def _classify(exc: BaseException) -> dict[str, Any]:
     return {"status": "error", "error": (text + "\n" + tb)[:2000]}
 
 
-def serve(device: str, warmup: int, iters: int, seed: int, max_cv: float = 0.05,
-          remeasure: int = 2) -> int:
+def serve(device: str, warmup: int, iters: int, seed: int, max_cv: float,
+          remeasure: int) -> int:
     """The worker loop: one request line in, one result line out, until stdin closes."""
     bencher = Bencher(device, warmup, iters, seed, max_cv=max_cv, remeasure=remeasure)
     ready_s: float | None = bencher.start()

@@ -60,7 +60,7 @@ class Worker:
     """The bench worker process; restarted when it dies or hangs."""
 
     def __init__(self, regime: str, warmup: int, iters: int, seed: int, log_path: Path,
-                 max_cv: float = 0.05, remeasure: int = 2,
+                 max_cv: float = ToolsSpec.max_cv, remeasure: int = ToolsSpec.remeasure,
                  env: dict[str, str] | None = None) -> None:
         self.regime = regime
         self.env = dict(env or {})  # over the box's environment: a lane's GPU (Lane.env)
