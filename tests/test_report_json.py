@@ -309,3 +309,49 @@ def test_a_run_refused_before_it_starts_writes_no_report(pytester: pytest.Pytest
     result.stderr.re_match_lines([r".*--db: .*a-folder.*"])
     assert report.read_text() == "the earlier run's report\n"
     assert not (tmp / "box").exists()
+
+
+TOP_UPS = '''
+from harness.harvest import job_property, top_ups_property
+
+TOP = {{"gpu": "h200", "id": "own-softmax.top1", "round": 1, "slice": "own", "kind": "softmax",
+        "state": "done (pool exhausted)", "allotment_s": 9.0, "seconds": 4.0, "benched": 3,
+        "ok": 3, "failed": 0, "merge": {{}}}}
+
+def test_a(record_property):
+    record_property(*job_property(gpu="h200", slice="own", kind="softmax", card="{gpu}",
+                                  state="done (budget spent)", benched=5, ok=5, seconds=10.0))
+
+def test_b(record_property):
+    record_property(*job_property(gpu="h200", slice="own", kind="matmul", card="{gpu}",
+                                  state="done (pool exhausted)", benched=2, ok=2, seconds=3.0))
+    record_property(*top_ups_property([TOP]))
+'''
+
+
+def test_a_top_up_is_booked_once_on_the_job_it_topped_up_and_properties_are_json(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The card's last test carries the top-ups; each lands on its own job (once, though
+    several of the test's reports carry it), the totals add up, and JUnit's values parse."""
+    import xml.etree.ElementTree as ET
+
+    monkeypatch.setenv("EMMY_STATE_DIR", str(pytester.path / "state"))
+    monkeypatch.delenv("EMMY_TUNE_DB", raising=False)
+    pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
+    pytester.makepyfile(test_jobs=TOP_UPS.format(gpu=GPU))
+    report, junit = pytester.path / "report.json", pytester.path / "junit.xml"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--db={pytester.path / 'db.sqlite'}",
+                                f"--report-json={report}", f"--junitxml={junit}")
+    assert result.ret == 0
+    rep = json.loads(report.read_text())
+    jobs = {j["kind"]: j for j in rep["jobs"]}
+    assert [t["id"] for t in jobs["softmax"]["top_ups"]] == ["own-softmax.top1"]
+    assert jobs["matmul"]["top_ups"] == []
+    assert rep["totals"]["top_ups"] == 1 and rep["totals"]["benched"] == 5 + 2 + 3
+    result.stdout.fnmatch_lines(["*own   softmax *3 *3 *0 *4.0  top-up: done (pool exhausted)"])
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        props = [(p.get("name"), p.get("value")) for p in case.iter("property")]
+        names = [n for n, _ in props]
+        assert names.count("emmy_job") == 1, names
+        for _, value in props:
+            json.loads(value)  # every value is JSON
