@@ -592,22 +592,21 @@ class Collection:
             res.allotment_s = entry.allotment_s
         if entry.state == "stopped" and box.stopped_by and box.stopped_by.startswith("--"):
             outcome.summary["stop"] = f"{box.stopped_by}; harvested"
-        if outcome.rows_path is not None and self.merging:
-            say(f"merging the rows of {entry.id} into {self.db_path}")
-            try:
-                self._merge([RowsFile(outcome.rows_path,
-                                      source(self.run_id, outcome.rows_path.name))],
-                            keep=lambda receipt: setattr(holder, "merge", receipt))
-            except Interrupted:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the rows stay pending; the job fails
-                holder.merge_error = str(exc).splitlines()[0]
-            finally:
-                if entry.round:
-                    res.top_ups = [t for t in res.top_ups if t["id"] != entry.id]
-                    res.top_ups.append(self._top_up(entry, holder))
-        elif entry.round:
-            res.top_ups.append(self._top_up(entry, holder))
+        try:
+            if outcome.rows_path is not None and self.merging:
+                say(f"merging the rows of {entry.id} into {self.db_path}")
+                try:
+                    self._merge([RowsFile(outcome.rows_path,
+                                          source(self.run_id, outcome.rows_path.name))],
+                                keep=lambda receipt: setattr(holder, "merge", receipt))
+                except Interrupted:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the rows stay pending; the job fails
+                    holder.merge_error = str(exc).splitlines()[0]
+        finally:  # booked also when a Ctrl-C came during its merge
+            if entry.round:
+                res.top_ups = [t for t in res.top_ups if t["id"] != entry.id]
+                res.top_ups.append(self._top_up(entry, holder))
         return res
 
     @staticmethod
