@@ -61,6 +61,23 @@ class Run:
                 raise AssertionError(f"no {pattern!r} within {timeout:.0f}s:\n{self.output[-3000:]}")
             time.sleep(0.1)
 
+    def wait_for_box(self, pattern: str, timeout: float = 180.0) -> re.Match[str]:
+        """Wait for ``pattern`` in the box's own log: every line is there, where the
+        controller prints only the newest line each poll sees."""
+        log = self.box / "sweep.log"
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.search(pattern, log.read_text(errors="replace")) if log.is_file() else None
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (rc {self.proc.returncode}) before "
+                                     f"{pattern!r} in the box's log:\n{self.output[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} in the box's log within {timeout:.0f}s:\n"
+                                     f"{self.output[-3000:]}")
+            time.sleep(0.05)
+
     def signal(self, sig: int, group: bool = True) -> None:
         """``group``: to the whole process group, as a terminal sends Ctrl-C or a hang-up."""
         if group:
@@ -118,6 +135,25 @@ def box_processes(box: Path) -> list[str]:
     r = subprocess.run(["pgrep", "-af", f"harness[.]box (run|serve) .*{re.escape(str(box))}"],
                        capture_output=True, text=True)
     return r.stdout.splitlines()
+
+
+def signal_service(box: Path, sig: int) -> list[int]:
+    """Send ``sig`` to the box service of this box folder, the Python process alone: the
+    tmux pane's shell carries the same words on its command line, and a signal to it would
+    close the pane and hang up the service instead."""
+    r = subprocess.run(["pgrep", "-f", f"harness[.]box serve --session {re.escape(str(box))}"],
+                       capture_output=True, text=True)
+    hit = []
+    for pid in map(int, r.stdout.split()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"harness.box"]:
+            os.kill(pid, sig)
+            hit.append(pid)
+    assert hit, f"no box service of {box} runs: {r.stdout!r}"
+    return hit
 
 
 def session_alive(socket: str, name: str = "emmy-node-sweep") -> bool:

@@ -58,7 +58,7 @@ def test_random_interruptions_lose_nothing_and_duplicate_nothing(tmp_path: Path,
             run.wait_for(r"setup in tmux session", timeout=120)
             time.sleep(rng.uniform(0.0, 1.5))
         elif moment == "mid-job":
-            run.wait_for(r"\[batch 1\]", timeout=180)
+            run.wait_for(r"\[batch \d+\]", timeout=180)
             time.sleep(rng.uniform(0.0, 3.0))
         else:
             run.wait_for(r": merging the rows of [\w.-]+ into", timeout=240)

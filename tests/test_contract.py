@@ -171,7 +171,7 @@ _specs = st.builds(
     compile_s=st.dictionaries(_kinds, st.floats(0, 100)),
     sweep=st.builds(SweepOptions, max_dist=st.integers(0, 5), tail_cap=st.integers(0, 500),
                     filter=st.none() | st.text(st.characters(min_codepoint=32,
-                                                            blacklist_categories=("Cs",))),
+                                                            blacklist_categories=("Cs", "Cc"))),
                     batch=st.integers(1, 20), seed=st.integers(-10, 10**6),
                     point_timeout_s=st.floats(0.1, 1e4)),
     tools=st.builds(ToolsSpec, box_gpus=st.sampled_from(["1", "2", "all", "0,2", "3,"]),

@@ -52,7 +52,7 @@ def assert_nothing_lost(run: Run, ledger: Path) -> None:
 def test_a_signal_mid_job_stops_it_merges_its_rows_and_ends_interrupted(
         tmp_path: Path, tmux_socket: str, sig: int, group: bool) -> None:
     run = Run(tmp_path, tmux_socket, *MATMUL)
-    run.wait_for(r"\[batch 1\] own matmul")
+    run.wait_for_box(r"\[batch 1\] own matmul")
     run.signal(sig, group=group)
     rc, out = run.finish(timeout=120)
     name = signal.Signals(sig).name
@@ -73,7 +73,7 @@ def test_a_signal_mid_job_stops_it_merges_its_rows_and_ends_interrupted(
 def test_a_second_ctrl_c_leaves_at_once_and_the_next_run_merges_what_was_left(
         tmp_path: Path, tmux_socket: str) -> None:
     first = Run(tmp_path, tmux_socket, *MATMUL)
-    first.wait_for(r"\[batch 1\] own matmul")
+    first.wait_for_box(r"\[batch 1\] own matmul")
     first.signal(signal.SIGINT)
     first.wait_for(r"SIGINT: stopping the session")
     first.signal(signal.SIGINT)
@@ -92,7 +92,7 @@ def test_a_second_ctrl_c_leaves_at_once_and_the_next_run_merges_what_was_left(
 def test_kill_9_of_the_controller_the_next_run_waits_for_the_orphan_and_merges_it(
         tmp_path: Path, tmux_socket: str) -> None:
     first = Run(tmp_path, tmux_socket, *MATMUL)
-    first.wait_for(r"\[batch 1\] own matmul")
+    first.wait_for_box(r"\[batch 1\] own matmul")
     first.signal(signal.SIGKILL, group=False)
     first.finish(timeout=30)
     assert session_alive(tmux_socket)  # the orphan sweep measures on
@@ -112,7 +112,7 @@ def test_kill_9_of_the_controller_the_next_run_waits_for_the_orphan_and_merges_i
 def test_a_second_controller_on_the_same_box_is_refused_at_once(tmp_path: Path,
                                                                   tmux_socket: str) -> None:
     first = Run(tmp_path, tmux_socket, *MATMUL, name="first")
-    first.wait_for(r"\[batch 1\] own matmul")
+    first.wait_for_box(r"\[batch 1\] own matmul")
     second = Run(tmp_path, tmux_socket, *MATMUL, db=tmp_path / "other.db", name="second")
     rc2, out2 = second.finish(timeout=60)
     assert rc2 == 1, out2[-3000:]

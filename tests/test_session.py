@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from harness.contract import JobRef, Layout, SessionSpec, SessionStatus
-from tests.runs import Run, box_processes, box_rows, db_points, measurements, session_alive
+from tests.runs import (
+    Run,
+    box_processes,
+    box_rows,
+    db_points,
+    measurements,
+    session_alive,
+    signal_service,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,9 +62,8 @@ def test_a_killed_service_fails_its_job_and_the_jobs_it_had_not_begun_run_in_a_n
         tmp_path: Path, tmux_socket: str) -> None:
     run = Run(tmp_path, tmux_socket, "-k", "own and (softmax or rms_norm)", "--budget-s=300",
               "--batch=2")
-    run.wait_for(r"\[batch 1\] own softmax")
-    pattern = f"harness[.]box serve --session {re.escape(str(run.box))}"
-    subprocess.run(["pkill", "-9", "-f", pattern], check=True)
+    run.wait_for_box(r"\[batch 1\] own softmax")
+    signal_service(run.box, signal.SIGKILL)
     rc, out = run.finish()
     assert rc == 1, out[-3000:]
     assert "Traceback" not in out
@@ -87,9 +94,8 @@ def test_a_service_ended_by_a_hang_up_says_so_and_its_job_died(tmp_path: Path,
     flight died, the controller says why, and sends what is left as a new session."""
     run = Run(tmp_path, tmux_socket, "-k", "own and (softmax or rms_norm)", "--budget-s=300",
               "--batch=2")
-    run.wait_for(r"\[batch 1\] own softmax")
-    subprocess.run(["pkill", f"-{signal.SIGHUP.value}", "-f",
-                    f"harness[.]box serve --session {re.escape(str(run.box))}"], check=True)
+    run.wait_for_box(r"\[batch 1\] own softmax")
+    signal_service(run.box, signal.SIGHUP)
     rc, out = run.finish()
     assert rc == 1, out[-3000:]
     assert re.search(r"own   softmax .* died \(the service was ended by SIGHUP\)", out), out[-3000:]
