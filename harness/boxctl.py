@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 import tempfile
 import time
@@ -40,7 +39,7 @@ from harness.contract import (
 )
 from harness.interrupts import Interrupted
 from harness.remote.boxdir import BoxLock
-from harness.remote.tmux import SETUP_SESSION, SWEEP_SESSION, JobState, Tmux
+from harness.remote.tmux import JobState, Tmux, session_names
 from harness.remote.transport import Transport
 
 DEFAULT_BASE = "~/.local/share/emmy/node-collect"
@@ -88,10 +87,13 @@ class BoxDriver:
     chosen_python: str | None = None  # the Python setup found with torch and Triton
     session: Layout | None = None  # the session this driver started (or settles)
     status: SessionStatus | None = None  # its newest status seen
+    setup_session: str = field(init=False, default="")  # tmux session names of this box folder
+    sweep_session: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         if self.base.startswith("~"):
             self.base = self.transport.home() + self.base[1:]
+        self.setup_session, self.sweep_session = session_names(self.base)
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.base, *parts)
@@ -102,7 +104,7 @@ class BoxDriver:
         the job in flight end (its allotment bounds it) and run nothing after it (the next run
         plans what is left anew), so its rows can be harvested.  A sweep session of unknown
         origin is refused."""
-        if not self.tmux.alive(SWEEP_SESSION):
+        if not self.tmux.alive(self.sweep_session):
             return
         try:
             cur = self.read_json(self.path(CURRENT_SESSION))
@@ -113,9 +115,9 @@ class BoxDriver:
                                                 for k in ("run_id", "session_id")):
             raise BoxError(
                 f"a sweep is already running on {self.transport.name} (tmux session "
-                f"{SWEEP_SESSION!r}) that no run of this box folder started; watch it with "
-                f"`tmux{sock} attach -t {SWEEP_SESSION}` or end it with "
-                f"`tmux{sock} kill-session -t {SWEEP_SESSION}`, then run again")
+                f"{self.sweep_session!r}) that no run of this box folder started; watch it with "
+                f"`tmux{sock} attach -t {self.sweep_session}` or end it with "
+                f"`tmux{sock} kill-session -t {self.sweep_session}`, then run again")
         self.session = Layout(self.base, cur["run_id"], cur["session_id"])
         try:
             status, _, _ = self.poll_session()
@@ -128,7 +130,7 @@ class BoxDriver:
                     f"gone) is still measuring; waiting up to {left:.0f}s for it to end, then "
                     "its rows are merged")
                 self.stop_session(now=False, wait_s=left, say=say)
-            if self.tmux.alive(SWEEP_SESSION):  # an idle or stuck service
+            if self.tmux.alive(self.sweep_session):  # an idle or stuck service
                 self.stop()
         finally:
             self.session, self.status = None, None
@@ -205,16 +207,16 @@ mv {status}.tmp {status}
         return self.chosen_python or self.python
 
     def setup(self, timeout_s: float = 4500.0) -> dict[str, Any]:
-        """Set the box up in tmux ``emmy-node-setup`` (see :meth:`setup_script`); probe."""
+        """Set the box up in tmux (:attr:`setup_session`) (see :meth:`setup_script`); probe."""
         self.transport.run(["rm", "-f", self.path("setup.status"), self.path("probe.json"),
                             self.path("python.path")], check=False)
-        self.tmux.start(SETUP_SESSION, ["bash", "-c", self.setup_script()], cwd=self.base,
+        self.tmux.start(self.setup_session, ["bash", "-c", self.setup_script()], cwd=self.base,
                         log=self.path("setup.log"), status=self.path("setup.rc"), env=self.env)
         try:
-            self._wait(SETUP_SESSION, self.path("setup.log"), self.path("setup.rc"), timeout_s,
+            self._wait(self.setup_session, self.path("setup.log"), self.path("setup.rc"), timeout_s,
                        on_line=None)
         except Interrupted:
-            self.tmux.kill(SETUP_SESSION)
+            self.tmux.kill(self.setup_session)
             raise
         word = self.transport.run(["cat", self.path("setup.status")], check=False).stdout.strip()
         if word == "SETUP_OK":
@@ -292,7 +294,7 @@ mv {status}.tmp {status}
     # -- the session --------------------------------------------------------------------------
     def start_session(self, spec: SessionSpec, say: Callable[[str], None] | None = None,
                       timeout_s: float = 900.0) -> Layout:
-        """Send the session request and start the box service in tmux ``emmy-node-sweep``;
+        """Send the session request and start the box service in tmux (:attr:`sweep_session`);
         return once the service has claimed the request (its plan and jobs then go on without
         the controller)."""
         layout = Layout(self.base, spec.run_id, spec.session_id)
@@ -308,10 +310,10 @@ mv {status}.tmp {status}
         argv = [self.box_python, "-m", "harness.box", "serve", "--session",
                 layout.service("session.json")]
         self._while_unreachable("starting the box service", lambda: self.tmux.start(
-            SWEEP_SESSION, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
+            self.sweep_session, argv, cwd=self.path("repo"), log=self.path("sweep.log"),
             status=self.path("sweep.status"), env=self.env), say)
         self.session = layout
-        state = self._wait(SWEEP_SESSION, self.path("sweep.log"), layout.service("status.json"),
+        state = self._wait(self.sweep_session, self.path("sweep.log"), layout.service("status.json"),
                            timeout_s, on_line=None)
         if state.status is None:
             alive = state.alive
@@ -332,7 +334,7 @@ mv {status}.tmp {status}
         ended = shlex.quote(self.session.service(ENDED))
         words = " ".join(f"-e {shlex.quote(w)}" for w in ([entry_id] if entry_id else [])
                          + [SESSION_ENDED])
-        state = self.tmux.poll(SWEEP_SESSION, log=self.path("sweep.log"),
+        state = self.tmux.poll(self.sweep_session, log=self.path("sweep.log"),
                                status=self.session.service("status.json"),
                                extra=self._heartbeat(), wait_s=wait_s,
                                until=f"grep -qxF {words} {ended} 2>/dev/null")
@@ -418,9 +420,9 @@ mv {status}.tmp {status}
         """The session is over: let its tmux session close (the service has ended, its pane
         follows), or end it."""
         deadline = self.clock() + wait_s
-        while self.tmux.alive(SWEEP_SESSION) and self.clock() < deadline:
+        while self.tmux.alive(self.sweep_session) and self.clock() < deadline:
             self.sleep(0.2)
-        if self.tmux.alive(SWEEP_SESSION):
+        if self.tmux.alive(self.sweep_session):
             self.stop()
 
     def fetch_entry(self, entry: Entry, rows_dir: Path,
@@ -465,26 +467,43 @@ mv {status}.tmp {status}
         """End the sweep session and the service's processes (harvest, never abandon): the
         service ends through its clean-up (rows synced, status written) or, after two tries,
         is killed; this returns once none of it is left.  Only this box folder's session is
-        touched: processes are matched by the exact path of its request, which names the
-        run's unique id."""
-        pattern = None
-        if self.session is not None:
-            pattern = ("[h]arness[.]box serve --session "
-                       + re.escape(self.session.service("session.json")) + "( |$)")
+        touched: its tmux session has the folder's own name, and the service is signalled by
+        the process group its claim recorded, once its pid is seen still to run this
+        session's request (a pid reused by another process is left alone)."""
         for attempt in range(8):
-            self.tmux.kill(SWEEP_SESSION)
-            if pattern is None:
-                if not self.tmux.alive(SWEEP_SESSION):
-                    return
-            else:
-                if attempt:
-                    sig = "-9" if attempt >= 3 else "-15"
-                    self.transport.run(["pkill", sig, "-f", "--", pattern], check=False,
-                                       timeout=60)
-                left = self.transport.run(["pgrep", "-f", "--", pattern], check=False, timeout=60)
-                if left.rc != 0 and not self.tmux.alive(SWEEP_SESSION):
-                    return
+            self.tmux.kill(self.sweep_session)
+            ids = self._service_ids()
+            if ids is not None and attempt:
+                self._signal_service(ids, "KILL" if attempt >= 3 else "TERM")
+            running = ids is not None and self._signal_service(ids, "0")
+            if not running and not self.tmux.alive(self.sweep_session):
+                return
             self.sleep(1.0 if attempt < 3 else 3.0)
+
+    def _service_ids(self) -> tuple[int, int] | None:
+        """The pid and process group the service of this driver's session recorded in its
+        claim (None: no session, or not claimed yet)."""
+        if self.session is None:
+            return None
+        try:
+            held = self.read_json(self.session.service("claim.json"))
+        except (BoxError, ValueError):
+            return None
+        pid, pgid = (held.get("pid"), held.get("pgid")) if isinstance(held, dict) else (None, None)
+        if not (isinstance(pid, int) and pid > 1):
+            return None
+        return pid, (pgid if isinstance(pgid, int) and pgid > 1 else pid)
+
+    def _signal_service(self, ids: tuple[int, int], sig: str) -> bool:
+        """Send ``sig`` (``0``: only ask) to the service's process group if its pid still runs
+        this session's request; say whether it did."""
+        assert self.session is not None
+        pid, pgid = ids
+        words = f"serve --session {self.session.service('session.json')}"
+        target = f"-{pgid}" if sig != "0" else str(pid)
+        script = (f"tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null | grep -qF -- {shlex.quote(words)}"
+                  f" && kill -{sig} -- {target} 2>/dev/null")
+        return self.transport.run(["bash", "-c", script], check=False, timeout=60).rc == 0
 
     def _heartbeat(self) -> str:
         """What every poll touches: the box's lock (other controllers see it held)."""

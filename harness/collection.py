@@ -222,7 +222,7 @@ class Collection:
         leftovers = self._take_in_leftovers(driver, progress)
         progress(f"box {transport.name}: pushing the harness to {driver.base}")
         driver.push_code()
-        progress(f"box {transport.name}: setup in tmux session emmy-node-setup")
+        progress(f"box {transport.name}: setup in tmux session {driver.setup_session}")
         probe = driver.setup()
         card = self._check_card(gpu, probe)
         progress(f"box {transport.name}: card {card.name} ({probe['regime']})")
@@ -239,7 +239,7 @@ class Collection:
         jobs = [j for g, j in self.order if g == gpu]
         spec = self._spec(card, probe["regime"], jobs, self.opts.budget_s, self.run_id)
         progress(f"box {transport.name}: starting the session ({len(jobs)} jobs, budget "
-                 f"{spec.budget_s:.0f}s) in tmux session emmy-node-sweep")
+                 f"{spec.budget_s:.0f}s) in tmux session {driver.sweep_session}")
         driver.start_session(spec, progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, spec=spec,
                          setup_s=time.monotonic() - t0, leftovers=leftovers,

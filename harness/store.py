@@ -850,8 +850,15 @@ class NodeStore:
             n += 1
         try:
             self._conn.execute("VACUUM INTO ?", (str(dest),))
-        except BaseException:
+        except sqlite3.Error:
             dest.unlink(missing_ok=True)
+            raise
+        except BaseException:
+            # A signal cannot cut VACUUM INTO itself (SQLite runs it to its end before Python
+            # sees the signal): a file it wrote is a whole backup and is kept; only the empty
+            # reservation of one that never began goes.
+            if not dest.stat().st_size:
+                dest.unlink(missing_ok=True)
             raise
         os.chmod(dest, 0o600)
         for old in sorted(directory.glob(BACKUP_GLOB), key=_backup_age, reverse=True)[keep:]:
@@ -908,11 +915,18 @@ def _parse_pool() -> Any:
 
 
 def _die_with_parent() -> None:
-    """A helper of a merge that is killed (SIGKILL) ends with it (Linux; elsewhere it ends
-    when it next reads its closed queue)."""
+    """A helper of a merge ends with the merge's process, and only with it: the terminal's
+    Ctrl-C and hang-up reach every process of its group, but the merge decides what a signal
+    means (it finishes first), so a helper ignores them; a merge that is killed (SIGKILL)
+    takes its helpers with it (Linux; elsewhere they end when they next read their closed
+    queue)."""
+    import signal
+
+    for sig in (signal.SIGINT, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
     try:
         import ctypes
-        import signal
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

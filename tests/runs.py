@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.remote.tmux import session_names
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -156,6 +158,8 @@ def signal_service(box: Path, sig: int) -> list[int]:
     return hit
 
 
-def session_alive(socket: str, name: str = "emmy-node-sweep") -> bool:
+def session_alive(socket: str, box: Path) -> bool:
+    """Whether the sweep session of the box folder ``box`` is alive on the tmux ``socket``."""
+    name = session_names(str(box))[1]
     return subprocess.run(["tmux", "-L", socket, "has-session", "-t", f"={name}"],
                           capture_output=True).returncode == 0

@@ -86,5 +86,5 @@ def test_random_interruptions_lose_nothing_and_duplicate_nothing(tmp_path: Path,
     book = Ledger.load(tmp_path / "state" / "ledger.json")
     done = {(k, "interpret") for k in book if not book.needs_run(k, "interpret")}
     assert done and done <= in_db, f"seed {seed}: the ledger calls points done that are not there"
-    assert not session_alive(tmux_socket) and box_processes(final.box) == []
+    assert not session_alive(tmux_socket, final.box) and box_processes(final.box) == []
     assert not (final.box / "lock.json").exists()

@@ -66,7 +66,7 @@ def test_a_signal_mid_job_stops_it_merges_its_rows_and_ends_interrupted(
     assert f"stopped and harvested: {n} rows merged" in out
     assert_nothing_lost(run, tmp_path / "state" / "ledger.json")
     # the job is ended, the box free again
-    assert not session_alive(tmux_socket) and box_processes(run.box) == []
+    assert not session_alive(tmux_socket, run.box) and box_processes(run.box) == []
     assert not (run.box / "lock.json").exists()
 
 
@@ -95,7 +95,7 @@ def test_kill_9_of_the_controller_the_next_run_waits_for_the_orphan_and_merges_i
     first.wait_for_box(r"\[batch 1\] own matmul")
     first.signal(signal.SIGKILL, group=False)
     first.finish(timeout=30)
-    assert session_alive(tmux_socket)  # the orphan sweep measures on
+    assert session_alive(tmux_socket, first.box)  # the orphan sweep measures on
 
     second = Run(tmp_path, tmux_socket, *MATMUL)
     rc, out = second.finish()

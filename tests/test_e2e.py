@@ -60,9 +60,9 @@ def test_collect_local_interpret_end_to_end(tmp_path: Path, tmux_socket: str) ->
     assert len({r[9] for r in rows}) == len(rows)
     assert list((tmp_path / "db" / "backups").glob("autotune-*.db"))
     # the sessions are gone once the run ends
-    alive = subprocess.run(["tmux", "-L", tmux_socket, "has-session", "-t", "=emmy-node-sweep"],
-                           capture_output=True)
-    assert alive.returncode != 0
+    left = subprocess.run(["tmux", "-L", tmux_socket, "list-sessions", "-F", "#S"],
+                          capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
 
     # progress names the job (k of N) and the session's time left, and a job's lines are its own
     assert re.search(r"local own-\w+ \[job 1 of \d+, \d+s of the session left\]: \d+s allotted", out)

@@ -27,7 +27,7 @@ import pytest
 
 from harness.boxctl import BoxDriver, BoxError
 from harness.ledger import Ledger
-from harness.remote.tmux import SWEEP_SESSION, Tmux
+from harness.remote.tmux import Tmux, session_names
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,8 +121,10 @@ def runs():
         c.kill()
 
 
-def sweep_alive(socket_name: str) -> bool:
-    r = subprocess.run(["tmux", "-L", socket_name, "has-session", "-t", f"={SWEEP_SESSION}"],
+def sweep_alive(socket_name: str, box: Path) -> bool:
+    """Whether the sweep session of the box folder ``box`` is alive."""
+    name = session_names(str(box))[1]
+    r = subprocess.run(["tmux", "-L", socket_name, "has-session", "-t", f"={name}"],
                        capture_output=True)
     return r.returncode == 0
 
@@ -173,7 +175,8 @@ def test_killed_sweep_session_fails_the_job_keeps_its_rows_and_resumes(sshd, tmp
     run = runs(sshd, tmp_path, tmux_socket, "--budget-s=60", f"--batch={batch}",
                "-k", "own and matmul")
     run.wait_for("first batch", run.sweep_log_has("[batch 1]"))
-    subprocess.run(["tmux", "-L", tmux_socket, "kill-session", "-t", SWEEP_SESSION], check=True)
+    subprocess.run(["tmux", "-L", tmux_socket, "kill-session", "-t",
+                    session_names(str(run.box))[1]], check=True)
     rc, out = run.wait()
 
     assert rc == 1, out[-4000:]
@@ -238,7 +241,7 @@ def test_dropped_connection_the_job_goes_on_and_nothing_is_lost(sshd_private, tm
                "-k", "own and matmul")
     # the job has started (its first point takes seconds more: a worker start and a compile)
     run.wait_for("the job's start", run.sweep_log_has("[sweep]"))
-    assert sweep_alive(tmux_socket)
+    assert sweep_alive(tmux_socket, run.box)
     # A restart drops every connection; this one keeps the port closed for several polls.
     sshd_private.stop()
     time.sleep(3)
@@ -265,7 +268,7 @@ def test_dropped_connection_the_job_goes_on_and_nothing_is_lost(sshd_private, tm
     rows = box_rows(run.box, "own-matmul")
     assert rows
     assert db_rows(tmp_path) == {r["point_key"]: r["measured_at"] for r in rows}
-    assert not sweep_alive(tmux_socket)
+    assert not sweep_alive(tmux_socket, run.box)
 
 
 # -- e: --timeout-s below the budget stops and harvests -----------------------------------------
@@ -293,7 +296,7 @@ def test_timeout_stops_the_sweep_and_harvests_it(sshd, tmp_path, tmux_socket, ru
         "skipped: --timeout-s=5 reached: the sweep was stopped",
         "skipped: no matmul points in the tail slice on Triton CPU interpreter")
     # nothing is left running on the box
-    assert not sweep_alive(tmux_socket)
+    assert not sweep_alive(tmux_socket, run.box)
     assert not box_job_left(run.box)
 
 

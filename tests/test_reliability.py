@@ -31,9 +31,10 @@ import pytest
 
 from harness.box.runner import BoxWriteError, RowsWriter
 from harness.boxctl import BoxDriver, BoxError
+from harness.contract import Layout
 from harness.ledger import Ledger
 from harness.points import point_key
-from harness.remote.tmux import SWEEP_SESSION, Tmux
+from harness.remote.tmux import Tmux, session_names
 from harness.remote.transport import LocalTransport
 from harness.store import NodeStore
 
@@ -475,20 +476,101 @@ def test_a_failed_row_write_is_cut_back_to_the_last_whole_row(tmp_path: Path) ->
     assert mode(path) == 0o600
 
 
+FAKE_SERVICE = """
+import json, os, signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a service slow to end: only a TERM or KILL ends it
+claim = sys.argv[-1].rsplit("/", 1)[0] + "/claim.json"
+with open(claim, "w") as fh:
+    json.dump({"pid": os.getpid(), "pgid": os.getpgid(0)}, fh)
+time.sleep(120)
+"""
+
+
+def _fake_service(tmux: Tmux, name: str, box: Path, session: Layout) -> None:
+    """A process that claims ``session`` the way the box service does, with the service's words
+    on its command line (``serve --session PATH``), in tmux session ``name``."""
+    Path(session.service_dir).mkdir(parents=True)
+    tmux.start(name, [sys.executable, "-c", FAKE_SERVICE, "serve", "--session",
+                      session.service("session.json")],
+               cwd=str(box.parent), log=str(box.parent / f"{name}.log"),
+               status=str(box.parent / f"{name}.status"))
+    deadline = time.monotonic() + 30
+    while not Path(session.service("claim.json")).is_file():
+        assert time.monotonic() < deadline, Path(box.parent / f"{name}.log").read_text()
+        time.sleep(0.05)
+
+
+def _runs(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting for its parent is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_two_box_folders_on_one_tmux_server_never_end_each_others_sessions(
+        tmp_path: Path, tmux_socket: str) -> None:
+    """The other run's box folder ends with this one's path, so its service's command line
+    holds this session's request path too; ending this run's session leaves it alone."""
+    t = LocalTransport()
+    tmux = Tmux(t, tmux_socket)
+    mine = tmp_path / "box"
+    other = tmp_path / "other" / str(mine).lstrip("/")
+    drivers = [BoxDriver(transport=t, tmux=tmux, base=str(b), sleep=lambda s: time.sleep(0.1))
+               for b in (mine, other)]
+    assert drivers[0].sweep_session != drivers[1].sweep_session
+    assert drivers[0].setup_session != drivers[1].setup_session
+    for d in drivers:
+        d.session = Layout(d.base, "bench-1", "bench-1")
+        _fake_service(tmux, d.sweep_session, Path(d.base), d.session)
+    victim = json.loads(Path(drivers[1].session.service("claim.json")).read_text())["pid"]
+    target = json.loads(Path(drivers[0].session.service("claim.json")).read_text())["pid"]
+    drivers[0].stop()
+    assert not tmux.alive(drivers[0].sweep_session)
+    assert not _runs(target)
+    # the other run's session and service are untouched
+    assert tmux.alive(drivers[1].sweep_session) and _runs(victim)
+    drivers[1].stop()
+    assert not tmux.alive(drivers[1].sweep_session)
+
+
+def test_stop_leaves_a_process_that_took_over_a_dead_services_pid_alone(
+        tmp_path: Path, tmux_socket: str) -> None:
+    """The claim's pid now belongs to something else (the service died, the pid was reused):
+    stop ends the tmux session and signals nothing by that pid."""
+    t = LocalTransport()
+    tmux = Tmux(t, tmux_socket)
+    driver = BoxDriver(transport=t, tmux=tmux, base=str(tmp_path / "box"),
+                       sleep=lambda s: time.sleep(0.1))
+    driver.session = Layout(driver.base, "bench-1", "bench-1")
+    Path(driver.session.service_dir).mkdir(parents=True)
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        Path(driver.session.service("claim.json")).write_text(
+            json.dumps({"pid": bystander.pid, "pgid": os.getpgid(bystander.pid)}))
+        driver.stop()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 def test_a_sweep_already_running_on_the_box_is_refused_and_left_alone(tmp_path: Path,
                                                                        tmux_socket: str) -> None:
     t = LocalTransport()
     tmux = Tmux(t, tmux_socket)
-    tmux.start(SWEEP_SESSION, ["sleep", "60"], cwd=str(tmp_path), log=str(tmp_path / "other.log"),
+    name = session_names(str(tmp_path / "box"))[1]  # a session of this folder's name
+    tmux.start(name, ["sleep", "60"], cwd=str(tmp_path), log=str(tmp_path / "other.log"),
                status=str(tmp_path / "other.status"))
     driver = BoxDriver(transport=t, tmux=tmux, base=str(tmp_path / "box"))
     with pytest.raises(BoxError, match=(
-            rf"a sweep is already running on local \(tmux session '{SWEEP_SESSION}'\) that no run "
+            rf"a sweep is already running on local \(tmux session '{name}'\) that no run "
             rf"of this box folder started; watch it with "
-            rf"`tmux -L {tmux_socket} attach -t {SWEEP_SESSION}` or end it with "
-            rf"`tmux -L {tmux_socket} kill-session -t {SWEEP_SESSION}`, then run again")):
+            rf"`tmux -L {tmux_socket} attach -t {name}` or end it with "
+            rf"`tmux -L {tmux_socket} kill-session -t {name}`, then run again")):
         driver.settle_orphan(print)  # what a collection does once it holds the box's lock
-    assert tmux.alive(SWEEP_SESSION)  # the other sweep goes on
+    assert tmux.alive(name)  # the other sweep goes on
     assert not (tmp_path / "box").exists()
 
 

@@ -84,7 +84,7 @@ def test_a_killed_service_fails_its_job_and_the_jobs_it_had_not_begun_run_in_a_n
     assert {(r["point_key"], r["run_id"], r["measured_at"]) for r in written} <= \
         measurements(run.db)
     assert len(db_points(run.db)) == len(written)
-    assert not session_alive(tmux_socket) and box_processes(run.box) == []
+    assert not session_alive(tmux_socket, run.box) and box_processes(run.box) == []
 
 
 @pytest.mark.slow

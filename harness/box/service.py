@@ -1,7 +1,7 @@
 """The box service: one process per session that runs a card's whole session on the box's clock.
 
-Started after setup in the tmux session ``emmy-node-sweep`` as ``python -m harness.box serve
---session BOX/service/<session_id>/session.json``.  The request
+Started after setup in the box folder's tmux session ``emmy-node-sweep-<id>`` as
+``python -m harness.box serve --session BOX/service/<session_id>/session.json``.  The request
 (:class:`~harness.contract.SessionSpec`) names every job pytest selected, in order, with the
 budget, the slices' shares, the paces and the options.  The service
 
@@ -91,7 +91,10 @@ def claim(path: Path) -> None:
         raise Refused(f"session {path.parent.name} was claimed already (by pid {held.get('pid')} "
                       f"on {held.get('host')}); a session is run once") from None
     with os.fdopen(fd, "w") as fh:
-        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}, fh)
+        # pgid: the tmux pane's process group, which holds the service and every process it
+        # started; the controller ends the service by these ids, never by a pattern.
+        json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "host": socket.gethostname(),
+                   "at": time.time()}, fh)
 
 
 class Service:

@@ -1,12 +1,15 @@
 """Named tmux sessions on the box: long work survives a dropped connection.
 
 A job is ``bash -c '<cmd> > LOG 2>&1; echo $? > STATUS'`` in a detached session, so a
-person can ``tmux attach -t emmy-node-sweep`` to watch it, and the exit code lands in a
-file that the controller reads in one short call per poll.
+person can ``tmux attach -t emmy-node-sweep-<id>`` to watch it, and the exit code lands in a
+file that the controller reads in one short call per poll.  A box folder's sessions carry its
+own id (:func:`session_names`): two runs with different box folders never see, or end, each
+other's sessions on one tmux server.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +18,13 @@ from harness.remote.transport import Transport
 
 SETUP_SESSION = "emmy-node-setup"
 SWEEP_SESSION = "emmy-node-sweep"
+
+
+def session_names(base: str) -> tuple[str, str]:
+    """The setup and sweep session names of the box folder ``base`` (its path on the box):
+    the prefixes above and the first 8 hex digits of the path's SHA-1."""
+    tag = hashlib.sha1(base.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{SETUP_SESSION}-{tag}", f"{SWEEP_SESSION}-{tag}"
 
 
 @dataclass(frozen=True)
