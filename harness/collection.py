@@ -411,6 +411,9 @@ class Collection:
         driver = self.drivers.get(gpu)
         box = self.boxes.get(gpu)
         try:
+            if driver is not None and box is not None and self.interrupts.leaving \
+                    and not box.session_over and not (box.status and box.status.final):
+                self._say_left_running(box, progress)
             if driver is not None:
                 try:
                     if not self.interrupts.leaving:
@@ -423,6 +426,22 @@ class Collection:
                     driver.transport.close()
         finally:
             self.release(gpu, progress)
+
+    def _say_left_running(self, box: BoxState, progress: Callable[[str], None]) -> None:
+        """Leaving at once leaves the card's session measuring on the box: say so, and how to
+        watch it or end it (the next run with this node table ends it after its job in flight
+        and merges its rows)."""
+        d = box.driver
+        sock = f" -L {d.tmux.socket}" if d.tmux.socket else ""
+        on = "" if d.transport.name == "local" else f" on {d.transport.name}"
+        line = (f"box {d.transport.name}: its session may still be measuring in tmux session "
+                f"{d.sweep_session} (up to {box.left_s():.0f}s of budget); watch it with "
+                f"`tmux{sock} attach -t {d.sweep_session}`{on}, end it with "
+                f"`tmux{sock} kill-session -t {d.sweep_session}`{on}, or let the next run with "
+                "this node table end it after its job in flight and merge its rows")
+        progress(line)
+        if self.harvest is not None:
+            self.harvest.left_running.append(line)
 
     # -- jobs: the box runs them; each test waits for its own, brings it home, merges it -------
     def run_job(self, key: JobKey, box: BoxState, progress: Callable[[str], None],

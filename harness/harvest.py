@@ -94,6 +94,7 @@ class Harvest:
     merge_info: dict[str, Any] = field(default_factory=dict)
     other_failures: list[dict[str, Any]] = field(default_factory=list)
     report_lines: list[str] = field(default_factory=list)
+    left_running: list[str] = field(default_factory=list)  # what leaving at once left on boxes
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     status: str = ""  # the summary's last line: status: COMPLETE (…) / FAILED (…) / INTERRUPTED (…)
     exit_status: int | None = None  # what the session's exit status should become, if worse
@@ -191,15 +192,28 @@ class Harvest:
                 self.receipt_lines += ["merge skipped (--no-merge); to merge by hand:", by_hand]
                 m.update(state="skipped (--no-merge)", merge_command=by_hand.strip())
             return
-        if unmerged:
-            self._merge_now(unmerged, by_hand)
-        elif m["merged"]:
-            m["state"] = "merged"
-        elif any(j.benched for j in self.jobs.values()):
-            self.receipt_lines.append("merge: no rows came back")
-            m["state"] = "no rows came back"
-        if m["merged"] or m["leftovers"]:
-            self._close_out()
+        # The merge, the backup and the ledger are never cut: a first signal waits for them
+        # (then ends the run as interrupted, see the plugin's session finish); a second one
+        # leaves at once, and what it cut short is said.
+        shield = self.interrupts.shielded() if self.interrupts else _nothing()
+        with shield:
+            if unmerged:
+                self._merge_now(unmerged, by_hand)
+            elif m["merged"]:
+                m["state"] = "merged"
+            elif any(j.benched for j in self.jobs.values()):
+                self.receipt_lines.append("merge: no rows came back")
+                m["state"] = "no rows came back"
+            if m["merged"] or m["leftovers"]:
+                self._close_out()
+
+    def interrupted_at_end(self, signame: str) -> None:
+        """A first signal came during the merge, backup and ledger at the session's end: they
+        finished first; the run ends as interrupted."""
+        self.receipt_lines.append(f"{signame} during the merge and backup at the session's end: "
+                                  "they finished first")
+        self.merge_info["interrupted"] = signame
+        self.exit_status = pytest.ExitCode.INTERRUPTED
 
     def _count(self, part: dict[str, Any]) -> None:
         m = self.merge_info
@@ -220,8 +234,7 @@ class Harvest:
         m = self.merge_info
         rejected_dir = (self.rows_dir or self.db_path.parent) / "rejected"
         try:
-            shield = self.interrupts.shielded() if self.interrupts else _nothing()
-            with shield, NodeStore(self.db_path) as store:
+            with NodeStore(self.db_path) as store:
                 receipt = store.merge_files(
                     [RowsFile(f, source_of(f)) for f in files],
                     RejectedRows(rejected_dir / f"session-end-{os.getpid()}.jsonl"))
@@ -270,12 +283,21 @@ class Harvest:
             self.exit_status = pytest.ExitCode.TESTS_FAILED
 
     def _left_at_once(self) -> None:
-        where = self.rows_dir or "the rows folder"
-        self.receipt_lines += [
-            f"left at once ({self.interrupts.signame} twice): nothing more was fetched or merged",
-            "the rows measured so far are on the box (and in "
-            f"{where}); the next run with this node table merges them first"]
-        self.merge_info["state"] = "left at once"
+        m = self.merge_info
+        sig = self.interrupts.signame if self.interrupts else "a signal"
+        if m.get("state") == "merged":  # the second signal came after the merge committed
+            self.receipt_lines.append(
+                f"left at once ({sig} twice) at the session's end: the rows are merged"
+                + ("" if m.get("backup") else "; no backup was made this run (the next run "
+                   "makes one)"))
+        else:
+            where = self.rows_dir or "the rows folder"
+            self.receipt_lines += [
+                f"left at once ({sig} twice): nothing more was fetched or merged",
+                "the rows measured so far are on the box (and in "
+                f"{where}); the next run with this node table merges them first"]
+        self.receipt_lines.extend(self.left_running)
+        m["state"] = "left at once"
 
     def _settle_leases(self) -> None:
         """This session's leases still on disk are released; another session's only once its
@@ -458,6 +480,8 @@ class Harvest:
                 else "no job was running"
             if merge == "left at once":
                 what = "left at once; the next run merges what is left"
+            elif m.get("interrupted"):
+                what = f"{m['interrupted']} at the session's end, after the merge and backup"
             return f"status: INTERRUPTED ({what}; {m.get('merged', 0)} rows merged)"
         failed = [f"{j.slice}-{j.kind}" for j in self.jobs.values() if j.outcome == "failed"]
         why = []

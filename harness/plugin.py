@@ -18,6 +18,7 @@ import pytest
 from harness import cards
 from harness import kinds as registry
 from harness.contract import OptionError, SweepOptions, ToolsSpec, add_options
+from harness.interrupts import Interrupted
 from harness.options import RunOptions, default_state_dir
 from harness.planner import Job, ShareError, normalize_shares
 from harness.slices import SLICES
@@ -299,9 +300,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     try:
         harvest.finish()
-    except KeyboardInterrupt:  # a second Ctrl-C: leave at once, still say what is where
-        harvest.interrupts.count = max(harvest.interrupts.count, 2)
+    except Interrupted as exc:
+        if exc.second:  # leave at once, still say what is where
+            harvest._left_at_once()
+        else:  # the first signal waited for the merge, backup and ledger: they are done
+            harvest.interrupted_at_end(exc.signame)
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
+    except KeyboardInterrupt:  # not our handler's: leave at once
+        if harvest.interrupts is not None:
+            harvest.interrupts.count = max(harvest.interrupts.count, 2)
         harvest._left_at_once()
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
     finally:  # also when the merge or a release raised: write what is known
         if harvest.exit_status is not None and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = harvest.exit_status

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.ledger import Ledger
+from harness.remote.tmux import session_names
 from tests.runs import Run, box_processes, box_rows, db_points, measurements, session_alive
 
 pytestmark = pytest.mark.slow
@@ -81,6 +82,10 @@ def test_a_second_ctrl_c_leaves_at_once_and_the_next_run_merges_what_was_left(
     assert rc == pytest.ExitCode.INTERRUPTED, out[-3000:]
     assert "left at once (SIGINT twice)" in out and "the next run with this node table merges" in out
     assert "status: INTERRUPTED (left at once" in out
+    # a session left measuring is always said, with how to end it
+    name = session_names(str(first.box))[1]
+    said = f"`tmux -L {tmux_socket} kill-session -t {name}`" in out
+    assert said or not session_alive(tmux_socket, first.box), out[-3000:]
 
     second = Run(tmp_path, tmux_socket, "-k", "own and softmax", "--budget-s=60")
     rc, out = second.finish()

@@ -449,6 +449,79 @@ def test_damaged_rows_file_merges_its_whole_rows_sets_the_rest_aside_and_fails(
     assert rows_file.exists()  # the rows file itself is left as it was
 
 
+# ---------------------------------------------------------------- signals at the session's end
+
+SIGNAL_IN_BACKUP = '''
+pytest_plugins = ["harness.plugin"]
+import os, signal
+from harness.store import NodeStore
+
+_real = NodeStore.backup
+
+def backup(self, *args, **kwargs):  # the user presses Ctrl-C {n} time(s) while it is made
+    for _ in range({n}):
+        os.kill(os.getpid(), signal.SIGINT)
+    return _real(self, *args, **kwargs)
+
+NodeStore.backup = backup
+'''
+
+
+@pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
+def test_ctrl_c_during_the_backup_at_the_sessions_end_ends_the_run_interrupted(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, presses: int) -> None:
+    """Once: the backup and the ledger finish, then the run ends interrupted (exit 2) with its
+    summary.  Twice: it leaves at once, the rows merged, and says no backup was made."""
+    tmp = pytester.path
+    monkeypatch.setenv("EMMY_STATE_DIR", str(tmp / "state"))
+    rows_file = tmp / "rows.jsonl"
+    rows = [row(i) for i in range(3)]
+    rows_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pytester.makeconftest(SIGNAL_IN_BACKUP.format(n=presses))
+    pytester.makepyfile(test_job=HARVEST_JOB.format(gpu=GPU, rows=str(rows_file)))
+    db = tmp / "db" / "autotune.db"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--db={db}")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert "Traceback" not in out and "=== collect-node-data summary ===" in out
+    assert set(db_rows(db)) == {r["point_key"] for r in rows} and integrity(db) == "ok"
+    backups = list((db.parent / "backups").glob("*.db"))
+    if presses == 1:
+        result.stdout.re_match_lines([
+            r"merged 3 node rows",
+            r"backup: .*\.db",
+            r"SIGINT during the merge and backup at the session's end: they finished first",
+            r"status: INTERRUPTED \(SIGINT at the session's end, after the merge and backup; "
+            r"3 rows merged\)"], consecutive=False)
+        assert len(backups) == 1 and integrity(backups[0]) == "ok"
+        assert (tmp / "state" / "ledger.json").is_file()  # rewritten after the backup
+    else:
+        result.stdout.re_match_lines([
+            r"left at once \(SIGINT twice\) at the session's end: the rows are merged; no backup "
+            r"was made this run \(the next run makes one\)",
+            r"status: INTERRUPTED \(left at once; the next run merges what is left; 3 rows "
+            r"merged\)"], consecutive=False)
+        assert backups == []  # none begun, none half-made
+
+
+def test_a_merge_helper_outlives_the_terminals_ctrl_c_and_hang_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The terminal signals its whole process group, the merge's helpers too; they leave the
+    signal to the merge (which finishes first) and go on with their work."""
+    from harness.store import _parse_pool
+
+    monkeypatch.setenv("EMMY_MERGE_WORKERS", "1")
+    pool = _parse_pool()
+    try:
+        pid = pool.submit(os.getpid).result(timeout=60)
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            os.kill(pid, sig)
+        time.sleep(0.5)
+        assert pool.submit(os.getpid).result(timeout=60) == pid
+    finally:
+        pool.shutdown()
+
+
 # ---------------------------------------------------------------- the box
 
 
