@@ -10,6 +10,7 @@ the DB's own id, which runs and ledgers name to say which node table they belong
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -72,7 +73,6 @@ SCHEMA_VERSION = 1
 """The newest node-table layout this code knows; bump it with a migration step."""
 
 BUSY_TIMEOUT_MS = 30_000
-BACKUP_GLOB = "autotune-*.db"
 CHUNK = 500  # rows looked up and written together: memory stays flat, lookups stay few
 PACE_GAP_S = 120.0  # rows of one job further apart than this: the job waited (a later top-up)
 
@@ -291,7 +291,7 @@ def _newer_schema(path: Path, version: int) -> str:
 def _unreadable_version(path: Path, value: Any) -> str:
     return (
         f"node DB {path} has an unreadable schema_version {value!r} in its meta table; "
-        "restore it from a backup (backups/autotune-*.db beside it)"
+        f"restore it from a backup (backups/{path.stem}-*.db beside it)"
     )
 
 
@@ -833,15 +833,19 @@ class NodeStore:
     # ---- backups
 
     def backup(self, dest_dir: str | os.PathLike[str] | None = None, keep: int = 5) -> Path:
-        """Snapshot the DB with ``VACUUM INTO`` (WAL-safe) and keep only the newest ``keep`` backups."""
+        """Snapshot the DB with ``VACUUM INTO`` (WAL-safe) as ``<db stem>-<UTC stamp>.db`` and
+        keep only this table's newest ``keep`` backups: node tables sharing a folder (and so
+        ``backups/``) never prune each other's."""
         if keep < 1:
             raise StoreError(f"keep must be at least 1 (the backup just made), got {keep}")
         directory = Path(dest_dir) if dest_dir is not None else self.path.parent / "backups"
         make_private_dirs(directory)
-        stem = f"autotune-{self._clock().astimezone(timezone.utc):%Y%m%d-%H%M%S}"
+        mine = _backup_name(self.path.stem)
+        stem = f"{self.path.stem}-{self._clock().astimezone(timezone.utc):%Y%m%d-%H%M%S}"
         # Number past every backup of this second, so a name freed by rotation is never reused
         # (a reused name would sort as older than its neighbours).
-        taken = [_backup_age(p)[1] for p in directory.glob(f"{stem}*.db")]
+        taken = [_backup_age(p, mine)[1] for p in directory.glob(f"{glob.escape(stem)}*.db")
+                 if mine.fullmatch(p.name)]
         n = max(taken, default=0) + 1
         # Creating the empty 0600 file first reserves the name and fixes its mode before any data.
         while not _create_private_file(
@@ -861,13 +865,17 @@ class NodeStore:
                 dest.unlink(missing_ok=True)
             raise
         os.chmod(dest, 0o600)
-        for old in sorted(directory.glob(BACKUP_GLOB), key=_backup_age, reverse=True)[keep:]:
+        ours = [p for p in directory.glob(f"{glob.escape(self.path.stem)}-*.db")
+                if mine.fullmatch(p.name)]
+        for old in sorted(ours, key=lambda p: _backup_age(p, mine), reverse=True)[keep:]:
             old.unlink(missing_ok=True)
         return dest
 
 
 _PY_TYPES: dict[str, type] = {"TEXT": str, "REAL": float, "INTEGER": int}
-_BACKUP_NAME = re.compile(r"autotune-(\d{8}-\d{6})(?:-(\d+))?\.db$")
+def _backup_name(stem: str) -> re.Pattern[str]:
+    """The names of the node table ``<stem>.db``'s backups: ``<stem>-YYYYmmdd-HHMMSS[-N].db``."""
+    return re.compile(re.escape(stem) + r"-(\d{8}-\d{6})(?:-(\d+))?\.db")
 
 
 def _default_value(literal: str) -> Any:
@@ -884,10 +892,10 @@ def _add_column_sql(name: str, sql_type: str, not_null: bool, default: str | Non
     return sql
 
 
-def _backup_age(path: Path) -> tuple[str, int, float]:
+def _backup_age(path: Path, names: re.Pattern[str]) -> tuple[str, int, float]:
     """Sort key, oldest first: the stamp and -N suffix in the name, then the file time."""
     stat_time = path.stat().st_mtime
-    m = _BACKUP_NAME.search(path.name)
+    m = names.fullmatch(path.name)
     if m is None:
         return (
             datetime.fromtimestamp(stat_time, timezone.utc).strftime("%Y%m%d-%H%M%S"),

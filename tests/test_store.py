@@ -643,6 +643,22 @@ def test_backup_keeps_the_newest_by_time(store: NodeStore, tmp_path: Path) -> No
     ]
 
 
+def test_node_tables_sharing_a_folder_never_prune_each_others_backups(tmp_path: Path) -> None:
+    """``autotune.db`` and ``autotune-2.db`` share ``backups/``: their backups carry their own
+    table's name, and each rotates only its own (``autotune-2-…`` is not ``autotune``'s)."""
+    made: dict[str, list[Path]] = {}
+    for name in ("autotune", "autotune-2", "lab"):
+        with NodeStore(tmp_path / f"{name}.db", clock=lambda: FIXED) as s:
+            s.merge([make_row()])
+            made[name] = [s.backup() for _ in range(2 if name != "autotune" else 7)]
+    left = {p.name for p in (tmp_path / "backups").iterdir()}
+    assert {p.name for p in made["autotune-2"]} <= left and {p.name for p in made["lab"]} <= left
+    assert made["lab"][0].name == "lab-20261202-112233.db"
+    assert made["autotune-2"][1].name == "autotune-2-20261202-112233-2.db"
+    assert sorted(left - {p.name for p in made["autotune-2"] + made["lab"]}) == \
+        sorted(p.name for p in made["autotune"][2:])  # its newest five, nobody else's
+
+
 # ---------------------------------------------------------------- rows files
 
 
