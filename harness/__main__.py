@@ -57,6 +57,10 @@ def _add_merge(subparsers: Any) -> None:
         help="where rows that cannot be merged are set aside with their reasons (default: "
         "$EMMY_STATE_DIR/rejected/rejected-<time>.jsonl, ~/.cache/emmy/node-collect by default)",
     )
+    p.add_argument(
+        "--from-other-table", action="store_true",
+        help="also merge rows files whose run's owner.json names another node table (by "
+        "default they are skipped: that run belongs to the table it names)")
     p.set_defaults(func=_cmd_merge)
 
 
@@ -82,8 +86,17 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         raise CommandError(f"--rejected {args.rejected}: is a directory; give a file", EXIT_USAGE)
     db_path = args.db if args.db is not None else default_db_path()
     rejected = RejectedRows(args.rejected or default_rejected_path())
-    files = [RowsFile(p, source_of(p.resolve())) for p in args.rows_files]
     with NodeStore(db_path) as store:
+        paths, skipped = list(args.rows_files), []
+        if not args.from_other_table:
+            others = {p: _other_table(p, store.db_id) for p in paths}
+            skipped = [(p, named) for p, named in others.items() if named is not None]
+            paths = [p for p in paths if others[p] is None]
+        for p, named in skipped:
+            print(f"skipped {p}: its run belongs to another node table ({named}; its "
+                  "owner.json says so); merge it there, or here with --from-other-table",
+                  file=sys.stderr)
+        files = [RowsFile(p, source_of(p.resolve())) for p in paths]
         try:
             receipt = store.merge_files(files, rejected)
         except (sqlite3.Error, OSError) as e:
@@ -100,10 +113,28 @@ def _cmd_merge(args: argparse.Namespace) -> int:
                 print(f"backup: {store.backup()}")
             except (OSError, sqlite3.Error, StoreError) as e:
                 print(f"warning: backup failed: {e}", file=sys.stderr)
+    if skipped:
+        print(f"error: skipped {len(skipped)} of {len(args.rows_files)} rows file(s) that belong "
+              "to another node table (--from-other-table merges them)", file=sys.stderr)
     if receipt.rejected:
         print(f"error: {rejected_line(receipt)}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return EXIT_FAILED if receipt.rejected or skipped else EXIT_OK
+
+
+def _other_table(rows_file: Path, db_id: str) -> str | None:
+    """The node table a rows file's run belongs to, where its ``owner.json`` (beside it) names
+    one other than ``db_id``; None when it names this one, none (a ``--no-merge`` run, a run
+    made before owner records) or there is no readable record."""
+    import json
+
+    try:
+        owner = json.loads((rows_file.parent / "owner.json").read_text())
+    except (OSError, ValueError):
+        return None
+    named = owner.get("db_id") if isinstance(owner, dict) else None
+    if not isinstance(named, str) or named == db_id:
+        return None
+    return str(owner.get("db") or named)
 
 
 def rejected_line(receipt: Any) -> str:

@@ -449,6 +449,40 @@ def test_damaged_rows_file_merges_its_whole_rows_sets_the_rest_aside_and_fails(
     assert rows_file.exists()  # the rows file itself is left as it was
 
 
+def test_the_by_hand_merge_skips_runs_of_another_node_table_unless_told(tmp_path: Path) -> None:
+    """``python -m harness merge rows/*/*.jsonl``: a run whose owner.json names another node
+    table is skipped and counted (exit 1); one naming this table, none (``--no-merge``) or
+    with no record merges; ``--from-other-table`` merges them all."""
+    db = tmp_path / "mine.db"
+    with NodeStore(db) as s:
+        mine = s.db_id
+    owners = {"bench-other": {"db_id": "0" * 32, "db": "/data/other.db", "merge": True},
+              "bench-mine": {"db_id": mine, "db": str(db), "merge": True},
+              "bench-nomerge": {"db_id": None, "db": str(db), "merge": False},
+              "bench-old": None}
+    files, keys = [], {}
+    for i, (run, owner) in enumerate(owners.items()):
+        folder = tmp_path / "rows" / run
+        folder.mkdir(parents=True)
+        if owner is not None:
+            (folder / "owner.json").write_text(json.dumps(owner))
+        f = folder / "own-matmul.jsonl"
+        f.write_text(json.dumps(row(i)) + "\n")
+        files.append(f)
+        keys[run] = row(i)["point_key"]
+    r = subprocess.run([sys.executable, "-m", "harness", "merge", *map(str, files), "--db", str(db),
+                        "--no-backup"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"skipped {files[0]}: its run belongs to another node table (/data/other.db; its "
+            "owner.json says so)") in r.stderr
+    assert "error: skipped 1 of 4 rows file(s) that belong to another node table" in r.stderr
+    assert set(db_rows(db)) == {keys["bench-mine"], keys["bench-nomerge"], keys["bench-old"]}
+    r = subprocess.run([sys.executable, "-m", "harness", "merge", str(files[0]), "--db", str(db),
+                        "--no-backup", "--from-other-table"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert set(db_rows(db)) == set(keys.values())
+
+
 # ---------------------------------------------------------------- signals at the session's end
 
 SIGNAL_IN_BACKUP = '''
