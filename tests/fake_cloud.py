@@ -26,10 +26,8 @@ class CardBox(SSHServer):
         super().__init__(root)
         self.card_name = card_name
 
-    def _write_port_files(self) -> None:
-        super()._write_port_files()
-        with self.config.open("a") as f:
-            f.write(f'SetEnv EMMY_BOX_CARD_NAME="{self.card_name}"\n')
+    def session_env(self) -> dict[str, str]:
+        return {**super().session_env(), "EMMY_BOX_CARD_NAME": self.card_name}
 
 
 def socket_name(root: Path) -> str:

@@ -87,7 +87,15 @@ class SSHServer:
         self.host_key.with_suffix(".pub").unlink(missing_ok=True)
         _keygen(self.host_key, "sshd-test-host")
 
+    def session_env(self) -> dict[str, str]:
+        """What every session through this sshd gets in its environment.  A box through this
+        sshd is this machine: its tmux sockets go where the tests look for them, also when
+        TMUX_TMPDIR points at a folder of its own."""
+        tmpdir = os.environ.get("TMUX_TMPDIR")
+        return {"TMUX_TMPDIR": tmpdir} if tmpdir else {}
+
     def _write_port_files(self) -> None:
+        env = self.session_env()
         self.config.write_text(
             f"Port {self.port}\n"
             f"ListenAddress {HOST}\n"
@@ -109,10 +117,8 @@ class SSHServer:
             "MaxSessions 100\n"
             "Subsystem sftp internal-sftp\n"
             "LogLevel VERBOSE\n"
-            # a box through this sshd is this machine: its tmux sockets go where the tests
-            # look for them, also when TMUX_TMPDIR points at a folder of its own
-            + (f'SetEnv "TMUX_TMPDIR={os.environ["TMUX_TMPDIR"]}"\n'
-               if os.environ.get("TMUX_TMPDIR") else ""))
+            # sshd takes the first SetEnv line only: every variable goes on one
+            + ("SetEnv " + " ".join(f'"{k}={v}"' for k, v in env.items()) + "\n" if env else ""))
         self.known_hosts.write_text(f"[{HOST}]:{self.port} {self.host_key_pub}\n")
         self.ssh_config.write_text(
             "Host testbox\n"
