@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,18 +32,24 @@ if TYPE_CHECKING:
 OWNER_FILE = "owner.json"
 
 # $1: the rows folder.  One line per run, its owner record, and each rows file with its size.
+# Only names of the tool's own alphabet are listed (a name with a newline cannot forge a line).
 _LIST = r'''
 cd "$1" 2>/dev/null || exit 0
 for d in */; do
   d=${d%/}
   [ -d "$d" ] || continue
+  case $d in ''|.*|*[!A-Za-z0-9._-]*) continue;; esac
   echo "RUN $d"
   if [ -f "$d/owner.json" ]; then printf 'OWNER '; tr -d '\n' < "$d/owner.json"; echo; fi
   for f in "$d"/*.jsonl; do
-    [ -f "$f" ] && echo "FILE $(stat -c %s "$f") ${f#*/}"
+    n=${f#*/}
+    case $n in .*|*[!A-Za-z0-9._-]*) continue;; esac
+    [ -f "$f" ] && echo "FILE $(stat -c %s "$f") $n"
   done
 done
 '''
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A run folder's or rows file's name as the box may give it: anything else is not the tool's."""
 
 
 @dataclass
@@ -81,6 +88,9 @@ def list_box_runs(transport: Transport, rows_root: str) -> dict[str, RunFolder]:
     for line in r.stdout.splitlines():
         word, _, rest = line.partition(" ")
         if word == "RUN":
+            if not SAFE_NAME.fullmatch(rest):
+                current = None
+                continue
             current = runs.setdefault(rest, RunFolder(rest))
         elif word == "OWNER" and current is not None:
             try:
@@ -90,7 +100,7 @@ def list_box_runs(transport: Transport, rows_root: str) -> dict[str, RunFolder]:
             current.owner = data if isinstance(data, dict) else {"unreadable": rest[:200]}
         elif word == "FILE" and current is not None:
             size, _, name = rest.partition(" ")
-            if size.isdigit() and name.endswith(".jsonl") and "/" not in name:
+            if size.isdigit() and name.endswith(".jsonl") and SAFE_NAME.fullmatch(name):
                 current.files[name] = int(size)
     return runs
 

@@ -119,6 +119,13 @@ def _validate(config: pytest.Config) -> RunOptions:
     for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s)):
         if val is not None and not (math.isfinite(val) and val > 0):
             raise pytest.UsageError(f"{name}={val:g}: must be a positive number of seconds")
+    for flag in ("--db", "--ledger", "--ssh-key", "--known-hosts", "--box-python", "--box-dir",
+                 "--rows-dir", "--tmux-socket", "--report-json"):
+        value = getattr(o, flag[2:].replace("-", "_"), None)
+        if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+            # a newline in a path splits the lines the box and the controller exchange
+            raise pytest.UsageError(f"{flag}={str(value)!r}: a name with control characters "
+                                    "(a newline, a tab, …) is refused; give a plain path")
     if o.box_dir is not None:
         # the root, a home or the working folder is not a folder of its own (``~`` is the box
         # user's home; for this machine as the box the real paths are compared too)

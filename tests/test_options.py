@@ -103,6 +103,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("box-dir-home", ["--box-dir=~"], r"--box-dir=~: the run fills this folder"),
     ("box-dir-remote-home", ["--gpu=h100", "--remote=u@gpu", "--box-dir=~/"], r"--box-dir=~/: the run fills"),
     ("box-dir-dot", ["--box-dir=."], r"--box-dir=\.: the run fills this folder"),
+    ("box-dir-newline", ["--box-dir={tmp}/box\nRUN .."],
+     r"--box-dir='.*box\\nRUN \.\.': a name with control characters \(a newline, a tab, …\) is "
+     r"refused; give a plain path"),
+    ("db-tab", ["--db={tmp}/a\tb.db"], r"--db='.*a\\tb.db': a name with control characters"),
+    ("tmux-socket-escape", ["--tmux-socket=a\x1bb"], r"--tmux-socket='a\\x1bb': a name with control"),
     ("report-json-empty", ["--report-json="], r"--report-json='': empty; give the file to write"),
     ("report-json-a-folder", ["--report-json={tmp}"],
      r"--report-json=.*: is a directory; give a file path in it, e.g. --report-json=.*collect-report.json"),

@@ -449,6 +449,26 @@ def test_damaged_rows_file_merges_its_whole_rows_sets_the_rest_aside_and_fails(
     assert rows_file.exists()  # the rows file itself is left as it was
 
 
+def test_box_names_with_a_newline_cannot_forge_the_listing_of_leftover_rows(tmp_path: Path) -> None:
+    """A run folder or rows file on the box whose name holds a newline (``…\\nRUN ..``) is not
+    the tool's: the listing leaves it out, so no path outside the rows folder is fetched."""
+    from harness.intake import list_box_runs
+
+    rows = tmp_path / "rows"
+    good = rows / "bench-good"
+    good.mkdir(parents=True)
+    (good / "owner.json").write_text(json.dumps({"db_id": "x"}))
+    (good / "own-matmul.jsonl").write_text(json.dumps(row(0)) + "\n")
+    (good / "evil\nFILE 10 forged.jsonl").write_text("x\n")
+    forged = rows / "bench-x\nRUN .."
+    forged.mkdir()
+    (forged / "own-matmul.jsonl").write_text(json.dumps(row(1)) + "\n")
+    runs = list_box_runs(LocalTransport(), str(rows))
+    assert list(runs) == ["bench-good"]
+    assert runs["bench-good"].files == {"own-matmul.jsonl": (good / "own-matmul.jsonl").stat().st_size}
+    assert runs["bench-good"].owner == {"db_id": "x"}
+
+
 def test_the_by_hand_merge_skips_runs_of_another_node_table_unless_told(tmp_path: Path) -> None:
     """``python -m harness merge rows/*/*.jsonl``: a run whose owner.json names another node
     table is skipped and counted (exit 1); one naming this table, none (``--no-merge``) or
