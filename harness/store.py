@@ -431,7 +431,9 @@ class NodeStore:
             raise StoreError(f"node DB path {self.path} is a directory; give a file path")
         try:
             make_private_dirs(self.path.parent)
-            _create_private_file(self.path)
+            # A --db that is a symlink to a file not made yet: the file it names is made 0600
+            # here, before SQLite would make it through the link with the umask's mode.
+            _create_private_file(Path(os.path.realpath(self.path)))
         except OSError as e:
             raise StoreError(
                 f"cannot create node DB {self.path}: {e.strerror or e}; give a --db on a "

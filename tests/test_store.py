@@ -643,6 +643,20 @@ def test_backup_keeps_the_newest_by_time(store: NodeStore, tmp_path: Path) -> No
     ]
 
 
+def test_a_new_db_made_through_a_dangling_symlink_is_private(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "autotune.db"
+    link.symlink_to(tmp_path / "real" / "table.db")
+    old = os.umask(0o022)
+    try:
+        with NodeStore(link) as s:
+            s.merge([make_row()])
+    finally:
+        os.umask(old)
+    assert link.is_symlink()
+    assert stat.S_IMODE((tmp_path / "real" / "table.db").stat().st_mode) == 0o600
+
+
 def test_node_tables_sharing_a_folder_never_prune_each_others_backups(tmp_path: Path) -> None:
     """``autotune.db`` and ``autotune-2.db`` share ``backups/``: their backups carry their own
     table's name, and each rotates only its own (``autotune-2-…`` is not ``autotune``'s)."""
