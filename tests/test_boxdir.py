@@ -65,12 +65,19 @@ def test_an_empty_folder_is_used_and_its_mode_left_alone(tmp_path: Path) -> None
     assert (base / MARKER).is_file()
 
 
-def test_an_earlier_versions_folder_is_recognised(tmp_path: Path) -> None:
-    base = tmp_path / "old"
-    (base / "repo" / "harness" / "box").mkdir(parents=True)
-    (base / "repo" / "harness" / "box" / "__main__.py").write_text("")
-    BoxLock(LocalTransport(), str(base), owner()).acquire()
-    assert (base / MARKER).is_file()
+@pytest.mark.parametrize("holds", ["setup.status", "repo/harness/box/__main__.py"])
+def test_an_unmarked_folder_is_refused_whatever_it_holds(tmp_path: Path, holds: str) -> None:
+    """Files that look like this tool's do not make a folder its own: only the marker does (a
+    box folder of an earlier version is marked by hand, as the error says)."""
+    base = tmp_path / "other"
+    (base / holds).parent.mkdir(parents=True, exist_ok=True)
+    (base / holds).write_text("someone else's\n")
+    with pytest.raises(BoxDirError, match=rf"not collect-node-data's \(no {MARKER} in it; it holds "
+                                          rf".*mark it with `touch {base}/{MARKER}`"):
+        BoxLock(LocalTransport(), str(base), owner()).acquire()
+    assert not (base / MARKER).exists() and (base / holds).read_text() == "someone else's\n"
+    (base / MARKER).touch()
+    BoxLock(LocalTransport(), str(base), owner()).acquire()  # marked: it is the tool's
 
 
 def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:

@@ -3,9 +3,9 @@
 Before anything else touches a box, :meth:`BoxLock.acquire` makes one short call that
 
 - makes the folder (mode 0700) and marks it with ``.collect-node-data``; an existing folder
-  is used only if it bears the marker, is empty (it is then marked, its mode left as it is), or
-  is the layout of an earlier version of this tool; any other folder (``/tmp``, a home) is
-  refused, and the tool never changes the mode of a folder it did not make;
+  is used only if it bears the marker or is empty (it is then marked, its mode left as it is);
+  any other folder (``/tmp``, a home, one holding files that look like this tool's) is
+  refused whatever it holds, and the tool never changes the mode of a folder it did not make;
 - takes the lock ``lock.json`` atomically (under ``flock`` on ``.lock``), holding the
   controller's :class:`~harness.owner.Owner` as one line of JSON.
 
@@ -40,9 +40,7 @@ if [ ! -d "$B" ]; then
   if [ ! -d "$B" ]; then echo CANNOT; exit 0; fi
   : > "$B/.collect-node-data"
 elif [ ! -f "$B/.collect-node-data" ]; then
-  if [ -f "$B/repo/harness/box/__main__.py" ] || [ -f "$B/setup.status" ]; then
-    : > "$B/.collect-node-data"
-  elif [ -z "$(ls -A -- "$B" 2>/dev/null)" ]; then
+  if [ -z "$(ls -A -- "$B" 2>/dev/null)" ]; then
     : > "$B/.collect-node-data" 2>/dev/null || { echo CANNOT; exit 0; }
   else
     echo FOREIGN; ls -A -- "$B" | head -n 5; exit 0
@@ -132,7 +130,9 @@ class BoxLock:
             raise BoxDirError(
                 f"--box-dir={self.base}: a folder that is not empty and not collect-node-data's "
                 f"(no {MARKER} in it; it holds {shown}…). The run fills its box folder and keeps "
-                "it private: give a new or empty folder, e.g. ~/.local/share/emmy/node-collect")
+                "it private: give a new or empty folder, e.g. ~/.local/share/emmy/node-collect "
+                f"(a box folder of an earlier collect-node-data: mark it with `touch "
+                f"{posixpath.join(self.base, MARKER)}`)")
         if word == "NOTDIR":
             raise BoxDirError(f"--box-dir={self.base} exists on {self.transport.name} and is not a "
                               "folder; give a folder path")
