@@ -240,7 +240,7 @@ mv {status}.tmp {status}
     def start_run(self, run_id: str, owner_record: dict[str, Any], ledger: Path) -> None:
         """Make the run's folder on the box with its owner record and its ledger."""
         run_dir = self.path("rows", run_id)
-        self.transport.run(["mkdir", "-p", "-m", "700", run_dir, self.path("summary", run_id)])
+        self._make_folders(run_dir, self.path("summary", run_id))
         with tempfile.TemporaryDirectory() as d:
             owner = Path(d) / "owner.json"
             owner.write_text(json.dumps(owner_record, sort_keys=True) + "\n")
@@ -251,6 +251,15 @@ mv {status}.tmp {status}
         return self.path("rows", run_id, "ledger.json")
 
     # -- files --------------------------------------------------------------------------------
+    def _make_folders(self, *paths: str) -> None:
+        """Make the box folder's own folders (0700); something in the way is a clear error."""
+        r = self.transport.run(["mkdir", "-p", "-m", "700", "--", *paths], check=False, timeout=60)
+        if r.rc != 0:
+            why = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1]
+            raise BoxError(f"cannot make {', '.join(paths)} on {self.transport.name} ({why}): "
+                           f"something in the box folder {self.base} is in the way; remove it "
+                           "or give another --box-dir")
+
     def read_json(self, remote: str) -> Any:
         with tempfile.TemporaryDirectory() as d:
             local = Path(d) / "f.json"
@@ -298,8 +307,7 @@ mv {status}.tmp {status}
         return once the service has claimed the request (its plan and jobs then go on without
         the controller)."""
         layout = Layout(self.base, spec.run_id, spec.session_id)
-        self.transport.run(["mkdir", "-p", "-m", "700", self.path("service"),
-                            layout.service_dir])
+        self._make_folders(self.path("service"), layout.service_dir)
         with tempfile.TemporaryDirectory() as d:
             req = Path(d) / "session.json"
             req.write_text(spec.to_json() + "\n")

@@ -469,6 +469,21 @@ def test_box_names_with_a_newline_cannot_forge_the_listing_of_leftover_rows(tmp_
     assert runs["bench-good"].owner == {"db_id": "x"}
 
 
+def test_a_file_in_the_way_of_the_box_folders_own_folders_is_a_clear_error(tmp_path: Path) -> None:
+    """``BOX/service`` (or ``BOX/rows``) is a file: the run says what is in the way, no
+    traceback of a failed mkdir."""
+    base = tmp_path / "box"
+    base.mkdir()
+    (base / "service").write_text("x\n")
+    driver = BoxDriver(transport=LocalTransport(), tmux=Tmux(LocalTransport(), "unused"),
+                       base=str(base))
+    with pytest.raises(BoxError, match=rf"cannot make {base}/service, .* on local \(mkdir: .*\): "
+                                       rf"something in the box folder {base} is in "
+                                       r"the way; remove it or give another --box-dir"):
+        driver._make_folders(driver.path("service"), driver.path("service", "bench-1"))
+    assert (base / "service").read_text() == "x\n"
+
+
 def test_the_by_hand_merge_skips_runs_of_another_node_table_unless_told(tmp_path: Path) -> None:
     """``python -m harness merge rows/*/*.jsonl``: a run whose owner.json names another node
     table is skipped and counted (exit 1); one naming this table, none (``--no-merge``) or
