@@ -26,14 +26,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class Run:
     def __init__(self, tmp: Path, socket: str, *args: str, db: Path | None = None,
-                 box: Path | None = None, name: str | None = None) -> None:
+                 box: Path | None = None, name: str | None = None,
+                 state: Path | None = None) -> None:
         self.tmp = tmp
         self.db = db or tmp / "db" / "autotune.db"
         self.box = box or tmp / "box"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.pop("EMMY_TUNE_DB", None)
-        env["EMMY_STATE_DIR"] = str(tmp / "state")
+        env["EMMY_STATE_DIR"] = str(state or tmp / "state")
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "pytest", "collect_tests", "--gpu=local", "-p", "no:cacheprovider",
                f"--db={self.db}", f"--box-dir={self.box}", f"--tmux-socket={socket}",
@@ -41,6 +42,7 @@ class Run:
         n = len(list(tmp.glob("run-*.txt")))
         self.out_path = tmp / f"run-{n}{'-' + name if name else ''}.txt"
         self.t0 = time.monotonic()
+        self.started_at = time.time()
         with self.out_path.open("w") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -65,11 +67,16 @@ class Run:
 
     def wait_for_box(self, pattern: str, timeout: float = 180.0) -> re.Match[str]:
         """Wait for ``pattern`` in the box's own log: every line is there, where the
-        controller prints only the newest line each poll sees."""
+        controller prints only the newest line each poll sees.  A log older than this run
+        (an earlier run's, in the same box folder) is not read."""
         log = self.box / "sweep.log"
         deadline = time.monotonic() + timeout
         while True:
-            found = re.search(pattern, log.read_text(errors="replace")) if log.is_file() else None
+            try:
+                fresh = log.stat().st_mtime >= self.started_at
+                found = re.search(pattern, log.read_text(errors="replace")) if fresh else None
+            except FileNotFoundError:
+                found = None
             if found:
                 return found
             if self.proc.poll() is not None:

@@ -6,6 +6,10 @@ and, at a moment drawn from a seeded RNG, sends SIGINT (to the process group, as
 SIGTERM or SIGKILL (to the process): during setup, mid-job, or just as a job's rows are being
 merged.  The seed is printed; ``CHAOS_SEED=N`` replays a sequence.  Then:
 
+Two box faults follow, mid-job: the box service is killed (SIGKILL) while a second run, with a
+box folder and node table of its own, measures on the same tmux server (it must end COMPLETE,
+unharmed); then the tmux server itself is killed.  Then:
+
 - every row any run wrote on the box is in the node table (as a node's current measurement or
   one it absorbed), so nothing measured was lost;
 - no (point, regime) is in the node table twice;
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -26,11 +31,22 @@ from pathlib import Path
 import pytest
 
 from harness.ledger import Ledger
-from tests.runs import Run, box_processes, box_rows, db_points, measurements, session_alive
+from tests.runs import (
+    Run,
+    box_processes,
+    box_rows,
+    db_points,
+    measurements,
+    session_alive,
+    signal_service,
+)
 
 pytestmark = pytest.mark.slow
 
 SELECTION = ("-k", "(own or cross) and (matmul or softmax or reduce)", "--budget-s=400")
+# the box faults: kinds the rounds above leave alone, so each fault strikes a job with points
+SERVICE_FAULT = ("-k", "own and rms_norm", "--budget-s=120", "--batch=2")
+TMUX_FAULT = ("-k", "cross and rms_norm", "--budget-s=120", "--batch=2")
 MOMENTS = ("setup", "mid-job", "merge")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 
@@ -70,6 +86,33 @@ def test_random_interruptions_lose_nothing_and_duplicate_nothing(tmp_path: Path,
         assert "Traceback" not in out or sig == signal.SIGKILL, out[-3000:]
         if sig != signal.SIGKILL and rc != 0:
             assert rc == pytest.ExitCode.INTERRUPTED, out[-3000:]
+
+    # the box service dies mid-job while another run shares the tmux server
+    (tmp_path / "other").mkdir()
+    other = Run(tmp_path / "other", tmux_socket, "-k", "own and matmul", "--budget-s=60",
+                name="bystander", state=tmp_path / "other" / "state")
+    run = Run(tmp_path, tmux_socket, *SERVICE_FAULT, name="service-killed")
+    run.wait_for_box(r"\[batch 1\]", timeout=240)
+    signal_service(run.box, signal.SIGKILL)
+    assert other.proc.poll() is None  # the other run was measuring when it happened
+    rc, out = run.finish(timeout=400)
+    with capsys.disabled():
+        print(f"[chaos] box service killed -> exit {rc}")
+    assert "Traceback" not in out and rc == 1, out[-3000:]
+    assert re.search(r"own   rms_norm .* died \(the box service died", out), out[-3000:]
+    rc, out = other.finish(timeout=400)
+    assert rc == 0 and "status: COMPLETE" in out, out[-3000:]
+    assert box_rows(other.box) and len(db_points(other.db)) == len(box_rows(other.box))
+
+    # the tmux server is killed mid-job (the box rebooted, say)
+    run = Run(tmp_path, tmux_socket, *TMUX_FAULT, name="tmux-server-killed")
+    run.wait_for_box(r"\[batch 1\]", timeout=240)
+    subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], check=True)
+    rc, out = run.finish(timeout=400)
+    with capsys.disabled():
+        print(f"[chaos] tmux server killed -> exit {rc}")
+    assert "Traceback" not in out and rc == 1, out[-3000:]
+    assert re.search(r"cross rms_norm .* died \(", out), out[-3000:]
 
     final = Run(tmp_path, tmux_socket, *SELECTION, name="final")
     rc, out = final.finish(timeout=400)
