@@ -463,13 +463,36 @@ mv {status}.tmp {status}
                                    f"{exc.strerror or exc} (--rows-dir); they stay on the box in "
                                    f"{rows}, and the next run with this node table merges them "
                                    "first")
+        wrote_summary = bool(outcome.summary)
+        counted = {"benched": 0}
+        if outcome.rows_path:
+            with outcome.rows_path.open("rb") as fh:
+                counted = count_statuses(fh)
         if not outcome.summary and outcome.rows_path:
             # the job was ended before it wrote its summary: count what its rows file holds
-            with outcome.rows_path.open("rb") as fh:
-                outcome.summary = count_statuses(fh)
+            outcome.summary = dict(counted)
         if entry.reason:
             outcome.summary.setdefault("stop", entry.reason)
+        if outcome.fetch_error is None and entry.state in ("done", "stopped"):
+            self._account(entry, outcome, wrote_summary, counted["benched"])
         return outcome
+
+    @staticmethod
+    def _account(entry: Entry, outcome: JobOutcome, wrote_summary: bool, rows: int) -> None:
+        """A run the box calls ended is trusted only with its rows accounted: a ``done`` run
+        has its summary, and the rows file holds every point the status counts as benched.
+        Otherwise the run failed, and what is on the box is said (and kept there)."""
+        problem = None
+        if entry.state == "done" and not wrote_summary:
+            problem = "the box says it ended, but it wrote no summary"
+        elif rows < entry.benched:
+            problem = (f"the box counts {entry.benched} point(s) benched, but "
+                       + (f"its rows file holds {rows}" if outcome.rows_path else
+                          "no rows file came back"))
+        if problem:
+            outcome.state = "failed"
+            outcome.summary["stop"] = (f"{problem}; what it wrote stays on the box in "
+                                       f"{outcome.remote_rows}")
 
     def stop(self) -> None:
         """End the sweep session and the service's processes (harvest, never abandon): the

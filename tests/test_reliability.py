@@ -484,6 +484,38 @@ def test_a_file_in_the_way_of_the_box_folders_own_folders_is_a_clear_error(tmp_p
     assert (base / "service").read_text() == "x\n"
 
 
+@pytest.mark.parametrize(("rows", "summary", "benched", "problem"), [
+    (3, True, 3, None),
+    (2, True, 3, r"the box counts 3 point\(s\) benched, but its rows file holds 2"),
+    (0, True, 3, r"the box counts 3 point\(s\) benched, but no rows file came back"),
+    (3, False, 3, r"the box says it ended, but it wrote no summary"),
+], ids=["accounted", "rows-missing", "no-rows-file", "no-summary"])
+def test_a_run_the_box_calls_done_is_trusted_only_with_its_rows_accounted(
+        tmp_path: Path, rows: int, summary: bool, benched: int, problem: str | None) -> None:
+    """A status that says ``done`` (written by a service, or by anything else) is checked
+    against what the box holds: the job's summary and a rows file with every benched point."""
+    from harness.contract import Entry
+
+    t = LocalTransport()
+    driver = BoxDriver(transport=t, tmux=Tmux(t, "unused"), base=str(tmp_path / "box"))
+    driver.session = Layout(driver.base, "bench-1", "bench-1")
+    entry = Entry("own", "matmul", state="done", benched=benched, ok=benched)
+    if rows:
+        Path(driver.session.rows(entry.id)).parent.mkdir(parents=True)
+        Path(driver.session.rows(entry.id)).write_text(
+            "".join(json.dumps(row(i)) + "\n" for i in range(rows)))
+    if summary:
+        Path(driver.session.summary(entry.id)).parent.mkdir(parents=True)
+        Path(driver.session.summary(entry.id)).write_text(json.dumps({"benched": benched}))
+    out = driver.fetch_entry(entry, tmp_path / "home")
+    if problem is None:
+        assert out.state == "done" and "stop" not in out.summary
+    else:
+        assert out.state == "failed"
+        assert re.match(problem + r"; what it wrote stays on the box in .*own-matmul\.jsonl$",
+                        out.summary["stop"]), out.summary
+
+
 def test_the_by_hand_merge_skips_runs_of_another_node_table_unless_told(tmp_path: Path) -> None:
     """``python -m harness merge rows/*/*.jsonl``: a run whose owner.json names another node
     table is skipped and counted (exit 1); one naming this table, none (``--no-merge``) or
