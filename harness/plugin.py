@@ -222,6 +222,10 @@ def _check_report_json(o: Any, db: Path | None) -> Path | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sweep: one collection job (card × slice × kind)")
+    for s in SLICES:  # -m own, -m "softmax and not tail", …
+        config.addinivalue_line("markers", f"{s}: the collection jobs of the {s} slice")
+    for k in registry.names():
+        config.addinivalue_line("markers", f"{k}: the collection jobs of the {k} kind")
     # Every option is checked up front: a bad value stops the run before anything is touched.
     opts = config.stash[CHECKED_KEY] = _validate(config)
     if len(opts.gpus) > 1 and getattr(config.option, "dist", "no") in ("load", "no") \
@@ -270,7 +274,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for s in SLICES:
             for k in registry.names():
                 params.append(pytest.param((gpu, Job(s, k)), id=f"{gpu}-{s}-{k}",
-                                           marks=[pytest.mark.sweep,
+                                           marks=[pytest.mark.sweep, getattr(pytest.mark, s),
+                                                  getattr(pytest.mark, k),
                                                   pytest.mark.xdist_group(f"card-{gpu}")]))
     metafunc.parametrize(JOB_FIXTURE, params)
 

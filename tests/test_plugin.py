@@ -52,6 +52,17 @@ def test_k_selects_a_kind_or_a_slice(project: pytest.Pytester) -> None:
     assert {i.split("-")[1] for i in ids} == {"own"} and len(ids) == len(registry.names())
 
 
+def test_m_selects_by_slice_and_kind_markers_each_listed_once(project: pytest.Pytester) -> None:
+    ids = _ids(project.runpytest("collect_tests", "--collect-only", "-q", "-m", "own"))
+    assert {i.split("-")[1] for i in ids} == {"own"} and len(ids) == len(registry.names())
+    ids = _ids(project.runpytest("collect_tests", "--collect-only", "-q", "-m",
+                                 "softmax and not tail"))
+    assert ids == [f"test_sweep[local-{s}-softmax]" for s in ("own", "cross")]
+    listed = project.runpytest("collect_tests", "--markers").outlines
+    for name in ("sweep", "own", "cross", "tail", *registry.names()):
+        assert sum(line.startswith(f"@pytest.mark.{name}:") for line in listed) == 1, name
+
+
 def test_several_cards_make_ids_per_card(project: pytest.Pytester) -> None:
     ids = _ids(project.runpytest("collect_tests", "--collect-only", "-q", "--gpu=l40s,h100", "-k", "own and matmul"))
     assert ids == ["test_sweep[l40s-own-matmul]", "test_sweep[h100-own-matmul]"]
