@@ -53,7 +53,8 @@ class JobReport:
     points_done: int | None = None
     points_total: int | None = None
     # pytest's verdict on the job's test: passed | failed | skipped (and why); "unfinished"
-    # until its call (or a skip or failure) is reported
+    # until its call (or a skip or failure) is reported; "not_run": selected, never started
+    # (the run was interrupted, or ended, before it)
     outcome: str = "unfinished"
     reason: str | None = None
     worker: str | None = None
@@ -99,6 +100,13 @@ class Harvest:
     status: str = ""  # the summary's last line: status: COMPLETE (…) / FAILED (…) / INTERRUPTED (…)
     exit_status: int | None = None  # what the session's exit status should become, if worse
 
+    def select(self, jobs: list[tuple[str, str, str, str]]) -> None:
+        """Every job pytest selected (nodeid, gpu, slice, kind), in run order: each is in the
+        report and the summary, also one that never starts."""
+        for nodeid, gpu, slice_, kind in jobs:
+            self.jobs.setdefault(nodeid, JobReport(gpu=gpu, slice=slice_, kind=kind,
+                                                   outcome="not_run"))
+
     def note_job(self, nodeid: str, data: dict[str, Any], outcome: str, reason: str | None) -> None:
         """A job's report handed over directly (the job was interrupted, so pytest reports
         nothing for it)."""
@@ -128,6 +136,8 @@ class Harvest:
         if job is None:
             job = self.jobs[report.nodeid] = JobReport(gpu=data["gpu"], slice=data["slice"],
                                                        kind=data["kind"])
+        if job.outcome == "not_run":  # it started
+            job.outcome = "unfinished"
         self._apply(job, data or {})
         worker = getattr(getattr(report, "node", None), "gateway", None)  # xdist's gw0, gw1, …
         if worker is not None:
@@ -405,7 +415,7 @@ class Harvest:
         outcomes = [j.outcome for j in self.jobs.values()]
         totals = {"jobs": {"total": len(jobs), **{o: outcomes.count(o) for o in
                                                   ("passed", "failed", "skipped", "interrupted",
-                                                   "unfinished")}},
+                                                   "unfinished", "not_run")}},
                   "benched": sum(j.benched + _top(j, "benched") for j in self.jobs.values()),
                   "ok": sum(j.ok + _top(j, "ok") for j in self.jobs.values()),
                   "failed": sum(j.failed + _top(j, "failed") for j in self.jobs.values()),

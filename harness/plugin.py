@@ -298,9 +298,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     others = [it for it in items if it not in jobs]
     jobs.sort(key=lambda it: rank[it.callspec.params[JOB_FIXTURE]])
     items[:] = jobs + others
+    harvest = config.stash.get(HARVEST_KEY, None)
+    if harvest is not None and not config.option.collectonly:
+        harvest.select([(it.nodeid, *_key_words(it.callspec.params[JOB_FIXTURE]))
+                        for it in jobs])
     config.stash[COLLECTION_KEY] = Collection(
         opts, order, interrupts=config.stash[INTERRUPTS_KEY],
         session=config.stash[SESSION_KEY], harvest=config.stash.get(HARVEST_KEY, None))
+
+
+def _key_words(key: Any) -> tuple[str, str, str]:
+    gpu, job = key
+    return gpu, job.slice, job.kind
 
 
 @pytest.hookimpl(trylast=True)

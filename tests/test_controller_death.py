@@ -11,6 +11,7 @@ machine) is the job that is running when the signal comes.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import uuid
@@ -69,6 +70,28 @@ def test_a_signal_mid_job_stops_it_merges_its_rows_and_ends_interrupted(
     # the job is ended, the box free again
     assert not session_alive(tmux_socket, run.box) and box_processes(run.box) == []
     assert not (run.box / "lock.json").exists()
+
+
+def test_the_report_of_an_interrupted_run_lists_the_jobs_it_never_started(
+        tmp_path: Path, tmux_socket: str) -> None:
+    """Ctrl-C in the first of two jobs: the report and the summary hold both, the second as
+    ``not_run``, and the totals add up."""
+    report = tmp_path / "report.json"
+    run = Run(tmp_path, tmux_socket, "-k", "own and (matmul or rms_norm)", "--budget-s=300",
+              f"--report-json={report}")
+    first = run.wait_for(r"local (own-\w+) \[job 1 of 2")[1]
+    run.wait_for_box(rf"\[batch 1\] {first.replace('-', ' ')}")
+    run.signal(signal.SIGINT)
+    rc, out = run.finish(timeout=120)
+    assert rc == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    rep = json.loads(report.read_text())
+    jobs = [(f"{j['slice']}-{j['kind']}", j["outcome"]) for j in rep["jobs"]]
+    second = ({"own-matmul", "own-rms_norm"} - {first}).pop()
+    assert jobs == [(first, "interrupted"), (second, "not_run")], jobs
+    totals = rep["totals"]["jobs"]
+    assert totals["total"] == 2 and totals["interrupted"] == totals["not_run"] == 1
+    assert totals["total"] == sum(v for k, v in totals.items() if k != "total")
+    assert re.search(rf"own   {second.split('-')[1]} +0 +0 +0 +0\.0  not run", out), out[-3000:]
 
 
 def test_a_second_ctrl_c_leaves_at_once_and_the_next_run_merges_what_was_left(

@@ -134,7 +134,7 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     n_db = db.execute("select count(*) from node").fetchone()[0]
     t = rep["totals"]
     assert t["jobs"] == {"total": 2, "passed": 1, "failed": 0, "skipped": 1, "interrupted": 0,
-                                 "unfinished": 0}
+                                 "unfinished": 0, "not_run": 0}
     assert (t["benched"], t["ok"], t["failed"], t["statuses"]) == (
         own["benched"], own["ok"], own["failed"], own["statuses"])
     assert t["elapsed_s"] == own["elapsed_s"] and t["allotment_s"] == own["allotment_s"]
@@ -222,7 +222,7 @@ def test_failed_job_and_failed_merge_are_in_the_report(seam: pytest.Pytester) ->
     assert (skipped["outcome"], skipped["reason"]) == (
         "skipped", "no matmul points left to measure in the cross slice")
     assert rep["totals"]["jobs"] == {"total": 3, "passed": 1, "failed": 1, "skipped": 1, "interrupted": 0,
-                                 "unfinished": 0}
+                                 "unfinished": 0, "not_run": 0}
     assert (rep["totals"]["benched"], rep["totals"]["statuses"]) == (2, {"bench_fail": 1, "ok": 1})
     assert rep["other_failures"] == [{"nodeid": "test_jobs.py::test_not_a_job", "when": "call",
                                       "reason": "AssertionError: something else broke"}]
