@@ -75,9 +75,13 @@ class JobResult:
     merge: MergeReceipt | None = None
     merge_error: str | None = None
     top_ups: list[dict[str, Any]] = field(default_factory=list)  # runs after the plan's last job
+    parts: list[JobResult] = field(default_factory=list)  # earlier runs whose service died
 
     def stat(self, name: str) -> Any:
-        return (self.outcome.summary.get(name, 0) if self.outcome else 0) or 0
+        own = (self.outcome.summary.get(name, 0) if self.outcome else 0) or 0
+        if name in ("benched", "ok", "failed"):
+            own += sum(p.stat(name) for p in self.parts)
+        return own
 
 
 @dataclass
@@ -100,6 +104,7 @@ class BoxState:
     session_over: bool = False  # its last session ended and everything it ran is home
     stopped_by: str | None = None  # why the controller stopped the session (--timeout-s, …)
     sessions: int = 1
+    resumed: set[Job] = field(default_factory=set)  # jobs a new session took on after a death
     spent_before_s: float = 0.0  # box seconds charged by this run's earlier sessions
     status: SessionStatus | None = None
     budget_s: float = 0.0  # --budget-s: the card's, over all its sessions
@@ -458,7 +463,7 @@ class Collection:
                 res.allotment_s = entry.allotment_s
                 if entry.state == "skipped":
                     res.skipped = self._skip_reason(box, entry)
-                else:
+                elif entry.id not in box.fetched or res.outcome is None:
                     self._harvest(box, entry, say)
                 if key == self.last_job(gpu):
                     self._finish(box, progress)
@@ -520,6 +525,9 @@ class Collection:
         while True:
             entry = box.entries.get(entry_id)
             if entry is not None and entry.final:
+                if entry.state == "died" and self._resumable(box, entry):
+                    self._died(box, say)  # the service said so as it ended: a new session
+                    continue
                 if box.status is not None:
                     on_status(box.status)
                 return entry
@@ -570,44 +578,80 @@ class Collection:
             elif e.state == "planned":
                 e.state, e.reason = "skipped", why
 
+    def _resumable(self, box: BoxState, entry: Entry) -> bool:
+        """Whether a new session may take on what is left of ``entry``'s job: it died with
+        the session's service (which said so as a signal ended it), once per job."""
+        return (entry.round == 0 and entry.job not in box.resumed and entry.id not in box.fetched
+                and box.status is not None and box.status.final and bool(box.status.error)
+                and not self.interrupts.count)
+
     def _died(self, box: BoxState, say: Callable[[str], None]) -> None:
         """The service is gone without ending its session (killed, the box rebooted, out of
-        memory): the job it ran has died (its rows are harvested by its test); the jobs it had
-        not begun get a new session with what is left of the budget."""
+        memory): the job it ran has died.  Its rows come home and merge now; a new session,
+        with what is left of the budget, takes on what is left of that job (once: the new
+        service leaves out every point whose row the run wrote) and the jobs it had not
+        begun."""
         why = ((box.status.error if box.status and box.status.error else None)
                or "the box service died (its tmux session is gone)")
-        todo = [e.job for e in box.entries.values() if e.state == "planned" and e.round == 0]
-        for e in box.entries.values():
-            if e.state == "running":
-                e.state, e.reason = "died", why
+        planned = [e.job for e in box.entries.values() if e.state == "planned" and e.round == 0]
+        # its job in flight: still "running" if it was killed, "died" if it said so as it ended
+        dead = [e for e in box.entries.values() if e.state == "running"
+                or (e.state == "died" and e.id not in box.fetched)]
+        for e in dead:
+            e.state, e.reason = "died", e.reason if e.state == "died" and e.reason else why
+        resume = [e for e in dead if e.round == 0 and e.job not in box.resumed]
         box.spent_before_s += box.status.spent_s if box.status else 0.0
         box.status = None
         left = box.left_s()
+        todo = [e.job for e in resume] + planned
         if not todo or left < MIN_JOB_S or self.interrupts.count:
             self._close_entries(box, "died", f"{why} before it ran")
             box.session_over = True
             return
+        parts = []
+        for e in resume:  # its rows home and merged; its result waits for the rest of the job
+            part = JobResult((box.gpu, e.job), allotment_s=e.allotment_s)
+            self._harvest(box, e, say, into=part)
+            parts.append((e, part))
         box.sessions += 1
         spec = self._spec(box.card, str(box.probe["regime"]), todo, left,
                           f"{self.run_id}.{box.sessions}")
-        say(f"{why}; starting a new session for the {len(todo)} job(s) it had not begun "
-            f"({left:.0f}s of the budget left)")
+        what = " and ".join(x for x in (
+            f"what is left of {', '.join(e.id for e in resume)}" if resume else "",
+            f"the {len(planned)} job(s) it had not begun" if planned else "") if x)
+        say(f"{why}; starting a new session for {what} ({left:.0f}s of the budget left)")
         try:
             box.driver.start_session(spec, say)
         except BoxError as exc:
             self._close_entries(box, "died", f"{why}; a new session did not start: {exc}")
             box.session_over = True
+            for e, part in parts:  # the died run is the job's result after all
+                res = self.results[(box.gpu, e.job)]
+                res.outcome, res.merge, res.merge_error = part.outcome, part.merge, part.merge_error
+            return
+        for e, part in parts:
+            res = self.results.setdefault((box.gpu, e.job), JobResult((box.gpu, e.job)))
+            res.parts.append(part)
+            if part.merge_error and not res.merge_error:  # the job fails for it, as it would
+                res.merge_error = part.merge_error
+            box.resumed.add(e.job)
+            del box.entries[e.id]  # the new session's run of the job takes its place
+            box.fetched.discard(e.id)
+            note = (f"{e.id}: {why}; its {part.stat('benched')} row(s) are merged and a new "
+                    "session measures what is left of it")
+            warnings.warn(CollectWarning(note), stacklevel=1)
 
-    def _harvest(self, box: BoxState, entry: Entry, say: Callable[[str], None]) -> JobResult:
+    def _harvest(self, box: BoxState, entry: Entry, say: Callable[[str], None],
+                 into: JobResult | None = None) -> JobResult:
         """Bring one run home, merge its rows, and book it on its job's result (a top-up in
-        the job's ``top_ups``)."""
+        the job's ``top_ups``; ``into``: on that result instead)."""
         key = (box.gpu, entry.job)
         res = self.results.setdefault(key, JobResult(key))
         box.fetched.add(entry.id)
         outcome = box.driver.fetch_entry(entry, self.rows_dir, say)
-        holder = res if entry.round == 0 else JobResult(key)
+        holder = into if into is not None else res if entry.round == 0 else JobResult(key)
         holder.outcome = outcome
-        if entry.round == 0:
+        if entry.round == 0 and into is None:
             res.allotment_s = entry.allotment_s
         if entry.state == "stopped" and box.stopped_by and box.stopped_by.startswith("--"):
             outcome.summary["stop"] = f"{box.stopped_by}; harvested"
@@ -748,20 +792,32 @@ class Collection:
             if not box.reported and box.leftovers:
                 rep["leftovers"] = box.leftovers
                 box.reported = True
-        if r.allotment_s:
-            rep["allotment_s"] = round(r.allotment_s, 1)
+        allotment = r.allotment_s + sum(p.allotment_s for p in r.parts)
+        if allotment:
+            rep["allotment_s"] = round(allotment, 1)
         if r.outcome:
             o = r.outcome
             stop = o.summary.get("stop")
-            rep.update(state=o.state + (f" ({stop})" if stop else ""), benched=r.stat("benched"),
-                       ok=r.stat("ok"), failed=r.stat("failed"), seconds=round(o.elapsed_s, 1),
-                       rows_file=str(o.rows_path) if o.rows_path else None,
-                       statuses={str(k): int(v) for k, v in (o.summary.get("statuses") or {}).items()},
+            statuses: dict[str, int] = {}
+            for one in (r, *r.parts):  # a job a new session took on: its died run and the rest
+                for k, v in ((one.outcome.summary.get("statuses") or {}) if one.outcome
+                             else {}).items():
+                    statuses[str(k)] = statuses.get(str(k), 0) + int(v)
+            resumed = "".join(f"; resumed in a new session after its run {p.outcome.state}: "
+                              f"{p.outcome.summary.get('stop') or 'no reason given'}"
+                              for p in r.parts if p.outcome)
+            seconds = o.elapsed_s + sum(p.outcome.elapsed_s for p in r.parts if p.outcome)
+            rep.update(state=o.state + (f" ({stop})" if stop else "") + resumed,
+                       benched=r.stat("benched"), ok=r.stat("ok"), failed=r.stat("failed"),
+                       seconds=round(seconds, 1),
+                       rows_file=str(o.rows_path) if o.rows_path else None, statuses=statuses,
                        points_done=r.stat("points_done"), points_total=r.stat("points_total"))
-        if r.merge is not None:
-            rep["merge"] = {"state": "merged", **receipt_dict(r.merge)}
-        elif r.merge_error is not None:
-            rep["merge"] = {"state": "failed", "error": r.merge_error}
+        receipts = [x.merge for x in (*r.parts, r) if x.merge is not None]
+        errors = [x.merge_error for x in (*r.parts, r) if x.merge_error is not None]
+        if errors:
+            rep["merge"] = {"state": "failed", "error": errors[-1]}
+        elif receipts:
+            rep["merge"] = {"state": "merged", **receipt_dict(sum(receipts[1:], receipts[0]))}
         elif r.outcome and r.outcome.rows_path and not self.merging:
             rep["merge"] = {"state": "skipped (--no-merge)"}
         return rep

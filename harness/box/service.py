@@ -77,6 +77,26 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def ledger_of_rows(run_dir: Path) -> Ledger:
+    """Every point the run's rows files under ``run_dir`` hold, marked as its rows say (a line
+    that is not a whole row is left out: the merge sets it aside)."""
+    book = Ledger()
+    for path in sorted(run_dir.glob("*.jsonl")):
+        try:
+            fh = path.open("rb")
+        except OSError:
+            continue
+        with fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                    book.mark(row["point_key"], row["spec"], row["regime"], row["status"],
+                              row.get("error") if isinstance(row.get("error"), str) else None)
+                except (ValueError, TypeError, KeyError, RecursionError):
+                    continue
+    return book
+
+
 def claim(path: Path) -> None:
     """Take the request for this process, once and for all: the claim is made exclusively, and
     a claimed request is never run again, whether its claimer lives or died (its job's rows
@@ -224,6 +244,9 @@ class Service:
         """Every job's points (one pool build for the session), and the budget's plan."""
         spec, s = self.spec, self.spec.sweep
         self.ledger = Ledger.load(Path(self.layout.ledger))
+        # A point whose row this run wrote is measured, whether or not a ledger save came
+        # after it (a service killed between the two): a later session never measures it again.
+        self.ledger.update(ledger_of_rows(Path(self.layout.run_dir)))
         kinds = sorted({j.kind for j in spec.jobs})
         pool = pools.build(tools.card, kinds=kinds, filter=s.filter, max_dist=s.max_dist,
                            tail_cap=s.tail_cap, baselines=parse_baselines(s.baselines))
