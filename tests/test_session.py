@@ -114,3 +114,22 @@ def test_a_service_ended_by_a_hang_up_says_so_and_its_job_resumes(tmp_path: Path
     assert first.state == "stopped" and first.error == "the service was ended by SIGHUP"
     written = box_rows(run.box)
     assert written and max(Counter(r["point_key"] for r in written).values()) == 1
+
+
+def test_the_rows_a_run_wrote_mark_its_points_measured_for_a_new_service(tmp_path: Path) -> None:
+    """What a service adds to the run's ledger before it plans: each whole row of the run's
+    rows files, as its status says; a line that is no row is left out."""
+    from harness.box.service import ledger_of_rows
+
+    def row(key: str, status: str) -> str:
+        return json.dumps({"point_key": key, "spec": f"S{key}", "regime": "interpret",
+                           "status": status, **({"error": "boom"} if status != "ok" else {})})
+
+    (tmp_path / "own-softmax.jsonl").write_text(
+        row("a", "ok") + "\n" + "not json\n" + row("b", "bench_fail") + "\n" + row("c", "ok")[:20])
+    (tmp_path / "own-rms_norm.jsonl").write_text(row("d", "ok") + "\n")
+    (tmp_path / "ledger.json").write_text("{}")  # not a rows file
+    book = ledger_of_rows(tmp_path)
+    assert sorted(book) == ["a", "b", "d"]
+    assert not book.needs_run("a", "interpret") and not book.needs_run("d", "interpret")
+    assert book.attempts("b", "interpret") == 1 and book.error("b", "interpret") == "boom"
