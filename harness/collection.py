@@ -110,9 +110,15 @@ class BoxState:
     budget_s: float = 0.0  # --budget-s: the card's, over all its sessions
 
     def see(self, status: SessionStatus) -> None:
-        """A status of the running session: its entries join the view."""
+        """A status of the running session: its entries join the view, each only if it is a
+        run of a job this run asked for (an entry names the rows file fetched home: a status
+        that names anything else is not the service's)."""
         self.status = status
+        asked = set(self.spec.jobs)
         for e in status.entries:
+            if not (isinstance(e.slice, str) and isinstance(e.kind, str)) or e.job not in asked \
+                    or type(e.round) is not int or e.round < 0:
+                continue
             old = self.entries.get(e.id)
             if old is None or not old.final or e.final:
                 self.entries[e.id] = e

@@ -133,3 +133,20 @@ def test_the_rows_a_run_wrote_mark_its_points_measured_for_a_new_service(tmp_pat
     assert sorted(book) == ["a", "b", "d"]
     assert not book.needs_run("a", "interpret") and not book.needs_run("d", "interpret")
     assert book.attempts("b", "interpret") == 1 and book.error("b", "interpret") == "boom"
+
+
+def test_a_status_naming_a_run_the_controller_never_asked_for_is_left_out() -> None:
+    """An entry names the rows file the controller fetches home: only runs of the jobs this run
+    sent are taken from a status (a damaged or forged one names others)."""
+    from harness.collection import BoxState
+    from harness.contract import Entry
+
+    spec = SessionSpec(run_id="bench-1", session_id="bench-1", budget_s=5.0, shares={"own": 1},
+                       jobs=(JobRef("own", "softmax"),), s_per_point={}, compile_s={})
+    box = BoxState(gpu="local", driver=None, probe={}, card=None, spec=spec,  # type: ignore[arg-type]
+                   setup_s=0.0)
+    entries = [Entry("own", "softmax", state="done"), Entry("own", "softmax", round=1),
+               Entry("own", "../../outside", state="done"), Entry("tail", "softmax"),
+               Entry("own", "softmax", round=-1), Entry("own", ["softmax"], state="done")]  # type: ignore[arg-type]
+    box.see(SessionStatus(session_id="bench-1", run_id="bench-1", entries=entries))
+    assert sorted(box.entries) == ["own-softmax", "own-softmax.top1"]
