@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import shlex
 import tempfile
 import time
@@ -51,6 +52,7 @@ STOP_WAIT_S = BUDGET_GRACE_S + 40.0
 CURRENT_SESSION = "current-session.json"  # the session the box folder's service runs
 
 T = TypeVar("T")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a run's or session's id as a path part
 
 
 class BoxError(RuntimeError):
@@ -111,8 +113,9 @@ class BoxDriver:
         except (BoxError, ValueError):
             cur = None
         sock = f" -L {self.tmux.socket}" if self.tmux.socket else ""
-        if not isinstance(cur, dict) or not all(isinstance(cur.get(k), str)
-                                                for k in ("run_id", "session_id")):
+        if not isinstance(cur, dict) or not all(
+                isinstance(cur.get(k), str) and _SAFE_NAME.fullmatch(cur[k])
+                for k in ("run_id", "session_id")):
             raise BoxError(
                 f"a sweep is already running on {self.transport.name} (tmux session "
                 f"{self.sweep_session!r}) that no run of this box folder started; watch it with "
