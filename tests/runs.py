@@ -53,37 +53,35 @@ class Run:
         return self.out_path.read_text(errors="replace")
 
     def wait_for(self, pattern: str, timeout: float = 180.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.search(pattern, self.output)
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the run ended (rc {self.proc.returncode}) before "
-                                     f"{pattern!r}:\n{self.output[-3000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {pattern!r} within {timeout:.0f}s:\n{self.output[-3000:]}")
-            time.sleep(0.1)
+        """Wait for ``pattern`` in the run's output."""
+        return self._wait(pattern, lambda: re.search(pattern, self.output), "", timeout)
 
     def wait_for_box(self, pattern: str, timeout: float = 180.0) -> re.Match[str]:
         """Wait for ``pattern`` in the box's own log: every line is there, where the
         controller prints only the newest line each poll sees.  A log older than this run
         (an earlier run's, in the same box folder) is not read."""
         log = self.box / "sweep.log"
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def find() -> re.Match[str] | None:
             try:
                 fresh = log.stat().st_mtime >= self.started_at
-                found = re.search(pattern, log.read_text(errors="replace")) if fresh else None
+                return re.search(pattern, log.read_text(errors="replace")) if fresh else None
             except FileNotFoundError:
-                found = None
+                return None
+
+        return self._wait(pattern, find, " in the box's log", timeout)
+
+    def _wait(self, pattern: str, find: Any, where: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = find()
             if found:
                 return found
             if self.proc.poll() is not None:
                 raise AssertionError(f"the run ended (rc {self.proc.returncode}) before "
-                                     f"{pattern!r} in the box's log:\n{self.output[-3000:]}")
+                                     f"{pattern!r}{where}:\n{self.output[-3000:]}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"no {pattern!r} in the box's log within {timeout:.0f}s:\n"
+                raise AssertionError(f"no {pattern!r}{where} within {timeout:.0f}s:\n"
                                      f"{self.output[-3000:]}")
             time.sleep(0.05)
 
