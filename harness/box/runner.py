@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -746,9 +747,12 @@ class _Lanes:
                     progress = JobStats.combine(self.lane_stats).progress() if several \
                         else stats.progress()
                     on = f" on lane {lane.index}" if several else ""
+                    others = ", ".join(f"{n} {word}" for word, n in
+                                       sorted(Counter(statuses).items()) if word != "ok")
                     print(f"[batch {number}] {cfg.slice} {cfg.kind} {sid}{on}: "
                           f"{statuses.count('ok')}/{len(statuses)} ok "
-                          f"({time_.clock() - tb:.1f}s) statuses={statuses} | {progress}, "
+                          f"({time_.clock() - tb:.1f}s{'; ' + others if others else ''}) | "
+                          f"{progress}, "
                           f"left {self.sched.left}, {max(0.0, time_.left_s()):.0f}s of budget "
                           "left", file=self.log, flush=True)
             finally:
