@@ -359,8 +359,63 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_status(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "status", help="the box's session: running or not, its jobs, the log's last lines",
+        description="Reads a box folder (this machine's, or --remote's over SSH) and says what "
+        "its session is doing or did: who holds the box, the session's state and budget, each "
+        "job's run, whether its tmux session is alive, and the last lines of sweep.log.  It "
+        "touches nothing.")
+    p.add_argument("--box-dir", default=None,
+                   help="the box folder (default ~/.local/share/emmy/node-collect on the box)")
+    p.add_argument("--remote", default=None,
+                   help="the server: user@host[:port] or an ~/.ssh/config alias (default: "
+                        "this machine)")
+    p.add_argument("--ssh-key", default=None, help="private key for --remote")
+    p.add_argument("--known-hosts", default=None,
+                   help="the file that verifies --remote's host key (default ~/.ssh/known_hosts)")
+    p.add_argument("--tmux-socket", default=None, help="the run's --tmux-socket, if it had one")
+    p.add_argument("--lines", type=int, default=10, help="lines of sweep.log to show (default 10)")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p.set_defaults(func=_cmd_status)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.boxctl import DEFAULT_BASE, BoxDriver
+    from harness.remote.tmux import Tmux
+    from harness.remote.transport import LocalTransport
+    from harness.status import box_status, format_status
+
+    if args.remote is None:
+        transport: Any = LocalTransport()
+    else:
+        from harness.remote.ssh import SSHTransport, parse_remote
+
+        try:
+            target = parse_remote(args.remote)
+        except ValueError as e:
+            raise CommandError(f"--remote={args.remote}: {e}", EXIT_USAGE) from None
+        transport = SSHTransport(
+            target, key_filename=Path(args.ssh_key).expanduser() if args.ssh_key else None,
+            known_hosts=Path(args.known_hosts).expanduser() if args.known_hosts else None)
+        try:
+            transport.connect()
+        except (ConnectionError, OSError) as e:
+            raise CommandError(f"cannot reach --remote={args.remote}: {e}") from None
+    base = args.box_dir or DEFAULT_BASE  # as the run was given it: its tmux names come from it
+    driver = BoxDriver(transport=transport, tmux=Tmux(transport, args.tmux_socket), base=base)
+    try:
+        st = box_status(driver, max(0, args.lines))
+    finally:
+        transport.close()
+    print(json.dumps(st, indent=1) if args.json else "\n".join(format_status(st)))
+    return EXIT_FAILED if st.get("error") else EXIT_OK
+
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [_add_merge, _add_goldens, _add_eval, _add_report,
-                                            _add_plan]
+                                            _add_plan, _add_status]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.contract import JobRef, Layout, SessionSpec, SessionStatus
+from harness.remote.tmux import session_names
 from tests.runs import (
     Run,
     box_processes,
@@ -150,3 +151,37 @@ def test_a_status_naming_a_run_the_controller_never_asked_for_is_left_out() -> N
                Entry("own", "softmax", round=-1), Entry("own", ["softmax"], state="done")]  # type: ignore[arg-type]
     box.see(SessionStatus(session_id="bench-1", run_id="bench-1", entries=entries))
     assert sorted(box.entries) == ["own-softmax", "own-softmax.top1"]
+
+
+@pytest.mark.slow
+def test_status_shows_the_boxs_session_from_another_terminal(tmp_path: Path,
+                                                              tmux_socket: str) -> None:
+    """``python -m harness status`` while the run measures, and after it: the lock's holder,
+    the session's state and jobs, its tmux session, the log's last lines; it touches nothing."""
+    run = Run(tmp_path, tmux_socket, "-k", "own and (matmul or rms_norm)", "--budget-s=300",
+              "--batch=2")
+    run.wait_for_box(r"\[batch 1\] own")
+
+    def status(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "harness", "status", "--box-dir",
+                               str(run.box), "--tmux-socket", tmux_socket, *extra],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+    during = status()
+    assert during.returncode == 0, during.stderr
+    out = during.stdout
+    name = session_names(str(run.box))[1]
+    assert re.search(r"^lock: held by pid \d+ on ", out, re.M), out
+    assert re.search(rf"^session bench-\S+ \(run bench-\S+\): running; tmux session {name}: "
+                     r"alive$", out, re.M), out
+    assert re.search(r"^  job 1 of 2 +own-\w+ +running +\d+s of \d+s allotted", out, re.M), out
+    assert re.search(r"^last lines of sweep.log:\n(  .*\n)*  \[batch 1\] own", out, re.M), out
+    rc, end = run.finish()
+    assert rc == 0, end[-3000:]
+    after = status("--json")
+    st = json.loads(after.stdout)
+    assert st["alive"] is False and st["lock"] is None
+    assert st["session"]["state"] == "done"
+    assert [e["state"] for e in st["session"]["entries"]] == ["done", "done"]
+    assert any("session" in line and "done" in line for line in st["log"])
+    assert status().stdout.count("\n") > 4  # the finished session's log stays on the box
