@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -51,6 +52,16 @@ def test_collect_over_ssh(sshd, tmp_path: Path, tmux_socket: str) -> None:
     assert (box / "setup.status").read_text().strip() == "SETUP_OK"
     assert oct((box).stat().st_mode & 0o777) == "0o700"
     assert (box / ".collect-node-data").is_file() and not (box / "lock.json").exists()
+    # from another terminal, over SSH: the session the box ran
+    st = subprocess.run([sys.executable, "-m", "harness", "status", f"--remote={sshd.remote}",
+                         f"--ssh-key={sshd.client_key}", f"--known-hosts={sshd.known_hosts}",
+                         f"--box-dir={box}", f"--tmux-socket={tmux_socket}", "--json"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert st.returncode == 0, st.stdout + st.stderr
+    seen = json.loads(st.stdout)
+    assert seen["box"] == sshd.remote and seen["alive"] is False and seen["lock"] is None
+    assert seen["session"]["state"] == "done"
+    assert {e["kind"] for e in seen["session"]["entries"]} == {"softmax"}
 
 
 def test_unknown_host_key_is_refused_with_the_fix(sshd, tmp_path: Path, tmux_socket: str) -> None:
