@@ -79,7 +79,8 @@ def format_status(st: dict[str, Any]) -> list[str]:
             ident = f"{e['slice']}-{e['kind']}" + (f".top{e['round']}" if e.get("round") else "")
             place = f"job {i} of {len(planned)}" if e.get("round", 0) == 0 else "top-up"
             detail = {
-                "running": f"{e['elapsed_s']:.0f}s of {e['allotment_s']:.0f}s allotted, "
+                "running": f"{e['elapsed_s']:.0f}s of {e['allotment_s']:.0f}s allotted (at most "
+                           f"{max(0.0, e['allotment_s'] - e['elapsed_s']):.0f}s to go), "
                            f"{e['points_left']} of {e['points_total']} points left at its start",
                 "planned": (f"{e['allotment_s']:.0f}s allotted" if e.get("allotment_s") else
                             "waiting"),
