@@ -274,6 +274,8 @@ class Harvest:
                                      per_card_regime=counts)
                 self.receipt_lines.extend(m["leftovers"])
                 self.receipt_lines.extend(format_receipt(total).splitlines())
+                self.receipt_lines.extend(best_per_shape(
+                    store._conn, sorted({j.run_id for j in self.jobs.values() if j.run_id})))
                 self.receipt_lines.append(f"db: {self.db_path}")
                 if m.get("changed") or m["new"] or m["replaced"]:
                     backup = store.backup()
@@ -572,3 +574,42 @@ def _json(value: Any) -> Any:
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+def best_per_shape(conn: Any, run_ids: list[str]) -> list[str]:
+    """The best configuration this run measured on each shape, with its time and its ratio to
+    torch's own op and to torch.compile where the node table has them: the table the summary
+    ends with ([] when the run measured nothing)."""
+    from tabulate import tabulate
+
+    from harness.shipped import BASELINE_KNOB
+
+    if not run_ids:
+        return []
+    marks = ",".join("?" * len(run_ids))
+    best: dict[tuple[str, str], tuple[float, str]] = {}
+    for gpu, shape, spec, us in conn.execute(
+            f"SELECT gpu, shape_id, spec, value_us FROM node WHERE run_id IN ({marks}) "
+            f"AND status = 'ok' AND value_us > 0 AND spec NOT LIKE '{BASELINE_KNOB}=%'", run_ids):
+        if (gpu, shape) not in best or us < best[(gpu, shape)][0]:
+            best[(gpu, shape)] = (us, spec)
+    if not best:
+        return []
+    base: dict[tuple[str, str, str], float] = {}
+    for gpu, shape, spec, us in conn.execute(
+            "SELECT gpu, shape_id, spec, value_us FROM node WHERE status = 'ok' AND value_us > 0 "
+            f"AND spec LIKE '{BASELINE_KNOB}=%'"):
+        base[(gpu, shape, spec.split("=", 1)[1])] = us
+
+    def ratio(gpu: str, shape: str, name: str, us: float) -> str:
+        b = base.get((gpu, shape, name))
+        return f"{us / b:.2f}x" if b else "-"
+
+    rows = [(gpu[:24], shape, spec, f"{us:.2f}", ratio(gpu, shape, "torch", us),
+             ratio(gpu, shape, "compile", us))
+            for (gpu, shape), (us, spec) in sorted(best.items())]
+    table = tabulate(rows, headers=("card", "shape", "best configuration this run", "us",
+                                    "vs torch", "vs compile"), tablefmt="simple",
+                     disable_numparse=True)
+    return ["best configuration per shape measured in this run (time over the baseline's: "
+            "below 1x is faster):", *table.splitlines()]

@@ -839,3 +839,35 @@ def test_a_runs_compile_baseline_cost_is_its_kinds_then_its_cards_then_the_defau
         {"matmul": 33.0, "rms_norm": 2.0, "softmax": 30.0})
     assert compile_costs(db, L40S, "deployable", kinds) == dict.fromkeys(
         kinds, COMPILE_BASELINE_S)
+
+
+def test_the_summary_ends_with_each_shapes_best_configuration_of_the_run(store: NodeStore) -> None:
+    """This run's fastest non-baseline row per shape, with its ratio to the baselines the node
+    table holds for that shape (any run's); another run's faster row is not this run's."""
+    from harness.harvest import best_per_shape
+
+    mine, other = "bench-a", "bench-b"
+    store.merge([
+        make_row(spec="BLOCK_K=64,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4", value_us=10.0,
+                 run_id=mine),
+        make_row(spec="BLOCK_K=64,BLOCK_M=128,BLOCK_N=64,num_stages=3,num_warps=4", value_us=8.0,
+                 run_id=mine),
+        make_row(spec="BLOCK_K=32,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4", value_us=5.0,
+                 run_id=other),
+        make_row(spec="baseline=torch", value_us=16.0, run_id=other),
+        make_row(spec="baseline=compile", value_us=4.0, run_id=mine),
+        make_row(M=64, spec="BLOCK_K=64,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4",
+                 value_us=3.0, run_id=mine),
+        make_row(M=128, spec="BLOCK_K=64,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4",
+                 value_us=1.0, status="bench_fail", run_id=mine),
+    ])
+    lines = best_per_shape(store._conn, [mine])
+    assert lines[0].startswith("best configuration per shape measured in this run")
+    rows = [line.split() for line in lines[3:]]
+    assert rows == [
+        [*H200.split(), "matmul_M4096_N4096_K4096_bf16",
+         "BLOCK_K=64,BLOCK_M=128,BLOCK_N=64,num_stages=3,num_warps=4", "8.00", "0.50x", "2.00x"],
+        [*H200.split(), "matmul_M64_N4096_K4096_bf16",
+         "BLOCK_K=64,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4", "3.00", "-", "-"],
+    ]
+    assert best_per_shape(store._conn, ["bench-none"]) == []
