@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 import tempfile
 import time
@@ -31,6 +30,7 @@ from harness.contract import (
     BOX_PINS,
     BUDGET_GRACE_S,
     ENDED,
+    SAFE_NAME,
     SESSION_ENDED,
     Entry,
     Layout,
@@ -52,7 +52,6 @@ STOP_WAIT_S = BUDGET_GRACE_S + 40.0
 CURRENT_SESSION = "current-session.json"  # the session the box folder's service runs
 
 T = TypeVar("T")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a run's or session's id as a path part
 
 
 class BoxError(RuntimeError):
@@ -114,7 +113,7 @@ class BoxDriver:
             cur = None
         sock = f" -L {self.tmux.socket}" if self.tmux.socket else ""
         if not isinstance(cur, dict) or not all(
-                isinstance(cur.get(k), str) and _SAFE_NAME.fullmatch(cur[k])
+                isinstance(cur.get(k), str) and SAFE_NAME.fullmatch(cur[k])
                 for k in ("run_id", "session_id")):
             raise BoxError(
                 f"a sweep is already running on {self.transport.name} (tmux session "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import posixpath
+import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -290,6 +291,11 @@ class ToolsSpec(_Options):
             _check(self.flags()[name], value, isinstance(value, int) and value >= low,
                    f"below {low} is under the measurement quality bar (the interpreter regime "
                    "uses its own small counts)")
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A name the box gives that becomes a path part (a run's or session's id, a rows file): no
+separator, no leading dot, nothing a line-based listing could be split by."""
 
 
 def _printable(text: str) -> bool:

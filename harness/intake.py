@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.contract import SAFE_NAME
 from harness.owner import Owner
 from harness.remote.transport import Transport
 from harness.store import MergeReceipt, NodeStore, RowsFile, receipt_dict
@@ -48,8 +48,6 @@ for d in */; do
   done
 done
 '''
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-"""A run folder's or rows file's name as the box may give it: anything else is not the tool's."""
 
 
 @dataclass
