@@ -332,6 +332,58 @@ def test_golden_pools_on_the_live_gpu(kind_name: str, capsys: pytest.CaptureFixt
     assert not failures, failures
 
 
+GEMM_KINDS = ["matmul", "norm_linear", "mlp_geglu", "linear_norm"]
+GEMM_PATHS = {"pointers": (0, 0, 0), "tma": (1, 0, 0), "tma+persistent": (1, 1, 0),
+              "tma+persistent+subtile": (1, 1, 1)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind_name", GEMM_KINDS)
+def test_every_gemm_path_matches_the_reference_on_every_golden_shape(
+        kind_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each path of the GEMM template (pointers, TMA, persistent, subtiled epilogue) on every
+    golden shape: a seeded spec of the path's pool, checked against the fp32 reference by
+    the bench worker (the check every sweep point passes before it is timed)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
+    from harness.box.bench import Bencher
+    from harness.box.probe import probe
+    from harness.cards import card_from_probe
+
+    card = card_from_probe(probe())
+    if card.cc < (9, 0):
+        pytest.skip(f"{card.name} (compute capability {card.cc}) has no TMA paths")
+    from harness.box.compiler import CompilePool, default_workers
+
+    kind = registry.get(kind_name)
+    points = []
+    for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]):
+        pool = kind.enumerate(g.shape, card)
+        for path, (tma, persistent, subtile) in GEMM_PATHS.items():
+            on_path = [k for k in pool if (k["TMA"], k["PERSISTENT"], k["SUBTILE"])
+                       == (tma, persistent, subtile)]
+            assert on_path, f"{g.shape_id}: no {path} spec realizes on {card.name}"
+            knobs = random.Random(f"{g.shape_id}/{path}").choice(on_path)
+            points.append((g, path, knobs))
+    # compiled ahead on the box's cores, as a sweep does
+    compiler = CompilePool(default_workers(), target=("cuda", card.cc[0] * 10 + card.cc[1], 32))
+    for i, (g, _, knobs) in enumerate(points):
+        compiler.submit(str(i), kind_name, g.shape, knobs)
+    bencher = Bencher("cuda", 2, 5)
+    failures, lines = [], []
+    for i, (g, path, knobs) in enumerate(points):
+        compiler.wait(str(i), 600)
+        res = bencher.measure({"kind": kind_name, "shape": g.shape, "knobs": knobs})
+        lines.append(f"{g.shape_id:48} {path:24} {res['status']:10} "
+                     f"{res['value_us'] or 0:10.1f} us  {make_spec(knobs)}")
+        if res["status"] != "ok":
+            failures.append((g.shape_id, make_spec(knobs), res["status"], res["error"]))
+    with capsys.disabled():
+        print(f"\n{card.name}: {kind_name}\n" + "\n".join(lines))
+    assert not failures, failures
+
+
 if __name__ == "__main__":
     _kind = sys.argv[1]
     _shapes = (json.loads(sys.argv[2]) if len(sys.argv) > 2

@@ -38,6 +38,46 @@ GEMM_TILES: dict[str, list[Any]] = {"BLOCK_M": [16, 32, 64, 128, 256],
 GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5]}
 
 
+# The copy-engine paths of the GEMM template (harness/kinds/_gemm_triton.py), swept only on
+# cards of compute capability 9.0 and later; an older card's pool has no such knobs, so its
+# configuration keys are what they always were.  PERSISTENT and SUBTILE run on the TMA path.
+GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTILE": [0, 1]}
+
+
+def gemm_space(card: Card, own: Mapping[str, list[Any]] | None = None) -> dict[str, list[Any]]:
+    """The knob space of a matmul-like kind on a GPU: tiles, the kind's ``own`` knobs, the
+    copy-engine paths where the card has them, launch knobs."""
+    space: dict[str, list[Any]] = {**GEMM_TILES, **(own or {})}
+    if card.cc >= (9, 0):
+        space.update(GEMM_HOPPER)
+    return {**space, **GEMM_LAUNCH}
+
+
+def gemm_path_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any]) -> str | None:
+    """Why the template's TMA / persistent / subtiled paths cannot take this configuration."""
+    tma = knobs.get("TMA", 0)
+    if not tma and (knobs.get("PERSISTENT", 0) or knobs.get("SUBTILE", 0)):
+        return "PERSISTENT and SUBTILE run on the TMA path only"
+    if tma:
+        e = DTYPE_BYTES[shape["dtype"]]
+        if (shape["K"] * e) % 16 or (shape["N"] * e) % 16:
+            return "a tensor descriptor needs rows of a multiple of 16 bytes (K and N)"
+        if knobs.get("SUBTILE", 0) and knobs["BLOCK_N"] < 32:
+            return "SUBTILE halves BLOCK_N: it needs BLOCK_N >= 32"
+    return None
+
+
+def gemm_smem(knobs: Mapping[str, Any], shape: Mapping[str, Any], b_tiles: int = 1) -> int:
+    """Shared memory of one program of the template: A and ``b_tiles`` B tiles per pipeline
+    stage, plus the staging buffer of a TMA store."""
+    e = DTYPE_BYTES[shape["dtype"]]
+    bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+    smem = knobs["num_stages"] * (bm * bk + b_tiles * bn * bk) * e
+    if knobs.get("TMA", 0):
+        smem += bm * bn * e // (2 if knobs.get("SUBTILE", 0) else 1)
+    return smem
+
+
 def gemm_tile_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any]) -> str | None:
     """Tiles that only repeat a smaller configuration's work on this M×N×K problem."""
     bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
@@ -47,6 +87,61 @@ def gemm_tile_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any]) -> str 
     if knobs["GROUP_M"] > 1 and cdiv(m, bm) <= knobs["GROUP_M"] // 2:
         return "GROUP_M larger than the M tiles it would group"
     return None
+
+
+def gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, *, b2: Any = None, wn: Any = None,
+                ss: Any = None, prologue: int = 0, epilogue: int = 0,
+                eps: float = 0.0) -> Callable[[], Any]:
+    """The template configured by ``knobs`` on ``a`` [M, K], ``b`` [N, K] and ``c`` [M, N]
+    (contiguous in their last dimension): a function that launches it once.  The tensor
+    descriptors of the TMA path are made here, once, not per launch."""
+    from harness.kinds._gemm_triton import gemm_kernel
+
+    m, k = a.shape
+    n = b.shape[0]
+    for name, t in (("a", a), ("b", b), ("c", c), ("b2", b2)):
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError(f"the GEMM template needs {name} contiguous in its last dimension")
+    bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+    tma, persistent = knobs.get("TMA", 0), knobs.get("PERSISTENT", 0)
+    subtile = knobs.get("SUBTILE", 0)
+    tiles = cdiv(m, bm) * cdiv(n, bn)
+    progs = tiles
+    if persistent:
+        progs = min(tiles, _sm_count(a))
+    args: list[Any] = [a, b, b if b2 is None else b2, c]
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        args = [TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
+                TensorDescriptor.from_tensor(b if b2 is None else b2, [bn, bk]),
+                TensorDescriptor.from_tensor(c, [bm, bn // 2 if subtile else bn])]
+    a_, b_, b2_, c_ = args
+    # pointers the kernel never reads where the kind has no norm weight or partial sums
+    wn_ = a if wn is None else wn
+    ss_ = a if ss is None else ss
+    stride_sm = 0 if ss is None else ss.stride(0)
+
+    def launch() -> Any:
+        return gemm_kernel[(progs,)](
+            a_, b_, b2_, wn_, c_, ss_, m, n, k, eps,
+            a.stride(0), b.stride(0), c.stride(0), stride_sm, progs,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=knobs["GROUP_M"],
+            PROLOGUE=prologue, EPILOGUE=epilogue, TMA=tma, PERSISTENT=persistent,
+            SUBTILE=subtile, EVEN_K=int(k % bk == 0),
+            num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
+
+    return launch
+
+
+def _sm_count(t: Any) -> int:
+    """Multiprocessors of the tensor's GPU; on ``meta`` inputs (compile ahead, where CUDA is
+    never started) a stand-in: the count is a run-time argument, so the kernel is the same."""
+    if t.device.type != "cuda":
+        return 2
+    import torch
+
+    return int(torch.cuda.get_device_properties(t.device).multi_processor_count)
 
 
 @dataclass

@@ -4,12 +4,13 @@ attention output projection): ``out = rmsnorm(x @ W.T, w_norm)`` with x M×K, W 
 The norm needs whole rows of the linear's output, and one N-tile holds only part of a row.
 Two correct schemes, chosen by the ``ROW_PROGRAM`` knob:
 
-* ``ROW_PROGRAM=0`` (tiled, two launches): an ordinary tiled matmul writes ``z = x @ W.T``
+* ``ROW_PROGRAM=0`` (tiled, two launches): the GEMM template writes ``z = x @ W.T``
   unnormalized plus each tile's per-row sum of ``z**2`` into an fp32 workspace; a second
   launch folds a row's partial sums and rescales the row in place.
 * ``ROW_PROGRAM=1`` (one launch): each program owns BLOCK_M whole rows, walks the row's N
   tiles (writing them unnormalized and summing ``z**2``), then re-reads and rescales what it
-  wrote.  Only as many programs as row blocks, so it is offered only where those fill the GPU.
+  wrote.  Only as many programs as row blocks, so it is offered only where those fill the GPU;
+  it runs on pointers (no TMA knobs).
 
 Both round ``z`` to the output dtype before normalizing, as the unfused pair of ops does.
 """
@@ -22,13 +23,15 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
-    GEMM_LAUNCH,
-    GEMM_TILES,
     Kind,
     Knobs,
     Launch,
     Shape,
     cdiv,
+    gemm_launch,
+    gemm_path_misfit,
+    gemm_smem,
+    gemm_space,
     gemm_tile_misfit,
     next_pow2,
     random_normal,
@@ -47,22 +50,23 @@ class LinearNorm(Kind):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 2], "ROW_PROGRAM": [0, 1], "num_warps": [1],
                     "num_stages": [1]}
-        return {**GEMM_TILES, "ROW_PROGRAM": [0, 1], **GEMM_LAUNCH}
+        return gemm_space(card, {"ROW_PROGRAM": [0, 1]})
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
-        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
-        warps, stages, row_program = knobs["num_warps"], knobs["num_stages"], knobs["ROW_PROGRAM"]
+        bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
+        warps, row_program = knobs["num_warps"], knobs["ROW_PROGRAM"]
         m = shape["M"]
         if row_program and knobs["GROUP_M"] > 1:
             return "a row program walks its own N tiles: GROUP_M does not apply"
-        if why := gemm_tile_misfit(knobs, shape):
+        if row_program and knobs.get("TMA", 0):
+            return "the row program runs on pointers only"
+        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape):
             return why
         if self.is_interpret(card):
             return None
         if row_program and cdiv(m, bm) < card.sm_count // 4:
             return (f"{cdiv(m, bm)} row programs leave most of the {card.sm_count} SMs idle")
-        elem = DTYPE_BYTES[shape["dtype"]]
-        smem = stages * (bm * bk + bk * bn) * elem
+        smem = gemm_smem(knobs, shape)
         if smem > card.smem_optin:
             return f"shared memory {smem} B > opt-in {card.smem_optin} B"
         # fp32 accumulator (plus the row program's running z**2 tile) per thread
@@ -114,23 +118,18 @@ class LinearNorm(Kind):
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
         import torch
 
-        from harness.kinds._linear_norm_triton import (
-            linear_norm_row_kernel,
-            linear_norm_tile_kernel,
-            rms_rows_kernel,
-        )
+        from harness.kinds._linear_norm_triton import linear_norm_row_kernel, rms_rows_kernel
 
         x, w, wn, out = inputs["x"], inputs["w"], inputs["w_norm"], inputs["out"]
         m, n, k = shape["M"], shape["N"], shape["K"]
         bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
         warps, stages = knobs["num_warps"], knobs["num_stages"]
-        strides = (x.stride(0), x.stride(1), w.stride(1), w.stride(0),
-                   out.stride(0), out.stride(1))
         if knobs["ROW_PROGRAM"]:
             def launch_rows() -> Any:
                 return linear_norm_row_kernel[(cdiv(m, bm),)](
-                    x, w, wn, out, m, n, k, EPS, *strides,
-                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                    x, w, wn, out, m, n, k, EPS, x.stride(0), w.stride(0), out.stride(0),
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=int(k % bk == 0),
+                    num_warps=warps, num_stages=stages)
 
             return Launch(run=launch_rows, out=out)
 
@@ -138,12 +137,10 @@ class LinearNorm(Kind):
         ss = torch.empty(m, parts, device=x.device, dtype=torch.float32)
         fold_p = max(16, next_pow2(parts))
         fold_n = min(max(16, next_pow2(n)), 1024)
+        tiles = gemm_launch(knobs, x, w, out, ss=ss, epilogue=2)
 
         def launch_tiles() -> Any:
-            handle = linear_norm_tile_kernel[(cdiv(m, bm) * parts,)](
-                x, w, out, ss, m, n, k, *strides, ss.stride(0),
-                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=knobs["GROUP_M"],
-                num_warps=warps, num_stages=stages)
+            handle = tiles()
             rms_rows_kernel[(m,)](out, ss, wn, m, n, parts, EPS, out.stride(0), ss.stride(0),
                                   BLOCK_P=fold_p, BLOCK_N=fold_n, num_warps=4)
             return handle

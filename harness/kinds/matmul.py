@@ -8,13 +8,14 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
-    GEMM_LAUNCH,
-    GEMM_TILES,
     Kind,
     Knobs,
     Launch,
     Shape,
-    cdiv,
+    gemm_launch,
+    gemm_path_misfit,
+    gemm_smem,
+    gemm_space,
     gemm_tile_misfit,
     random_normal,
     torch_dtype,
@@ -29,17 +30,15 @@ class Matmul(Kind):
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 4], "num_warps": [1, 2], "num_stages": [1, 2]}
-        return {**GEMM_TILES, **GEMM_LAUNCH}
+        return gemm_space(card)
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
-        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
-        warps, stages = knobs["num_warps"], knobs["num_stages"]
-        if why := gemm_tile_misfit(knobs, shape):
+        bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]
+        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape):
             return why
         if self.is_interpret(card):
             return None
-        elem = DTYPE_BYTES[shape["dtype"]]
-        smem = stages * (bm * bk + bk * bn) * elem
+        smem = gemm_smem(knobs, shape)
         if smem > card.smem_optin:
             return f"shared memory {smem} B > opt-in {card.smem_optin} B"
         # fp32 accumulator registers per thread; past ~128 the kernel spills heavily
@@ -79,22 +78,8 @@ class Matmul(Kind):
         return torch.nn.functional.linear(inputs["a"], inputs["w"])
 
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
-        from harness.kinds._matmul_triton import matmul_kernel
-
-        a, w, out = inputs["a"], inputs["w"], inputs["out"]
-        m, n, k = shape["M"], shape["N"], shape["K"]
-        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
-        grid = (cdiv(m, bm) * cdiv(n, bn),)
-
-        def launch() -> Any:
-            return matmul_kernel[grid](
-                a, w, out, m, n, k,
-                a.stride(0), a.stride(1), w.stride(1), w.stride(0), out.stride(0), out.stride(1),
-                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=knobs["GROUP_M"],
-                num_warps=knobs["num_warps"], num_stages=knobs["num_stages"],
-            )
-
-        return Launch(run=launch, out=out)
+        out = inputs["out"]
+        return Launch(run=gemm_launch(knobs, inputs["a"], inputs["w"], out), out=out)
 
 
 KIND = Matmul()

@@ -9,13 +9,14 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
-    GEMM_LAUNCH,
-    GEMM_TILES,
     Kind,
     Knobs,
     Launch,
     Shape,
-    cdiv,
+    gemm_launch,
+    gemm_path_misfit,
+    gemm_smem,
+    gemm_space,
     gemm_tile_misfit,
     random_normal,
     torch_dtype,
@@ -30,17 +31,15 @@ class MlpGeglu(Kind):
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 2], "num_warps": [1, 2], "num_stages": [1]}
-        return {**GEMM_TILES, **GEMM_LAUNCH}
+        return gemm_space(card)
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
-        bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
-        warps, stages = knobs["num_warps"], knobs["num_stages"]
-        if why := gemm_tile_misfit(knobs, shape):
+        bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]
+        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape):
             return why
         if self.is_interpret(card):
             return None
-        elem = DTYPE_BYTES[shape["dtype"]]
-        smem = stages * (bm * bk + 2 * bk * bn) * elem  # an x tile and two weight tiles
+        smem = gemm_smem(knobs, shape, b_tiles=2)  # an x tile and two weight tiles
         if smem > card.smem_optin:
             return f"shared memory {smem} B > opt-in {card.smem_optin} B"
         acc_regs = 2 * bm * bn // (32 * warps)  # gate and up accumulators, fp32
@@ -91,20 +90,9 @@ class MlpGeglu(Kind):
             x, inputs["w_up"])
 
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
-        from harness.kinds._mlp_geglu_triton import mlp_geglu_kernel
-
-        x, wg, wu, out = inputs["x"], inputs["w_gate"], inputs["w_up"], inputs["out"]
-        m, n, k = shape["M"], shape["N"], shape["K"]
-        bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
-        grid = (cdiv(m, bm) * cdiv(n, bn),)
-
-        def launch() -> Any:
-            return mlp_geglu_kernel[grid](
-                x, wg, wu, out, m, n, k,
-                x.stride(0), x.stride(1), wg.stride(1), wg.stride(0), out.stride(0), out.stride(1),
-                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=knobs["BLOCK_K"], GROUP_M=knobs["GROUP_M"],
-                num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
-
+        out = inputs["out"]
+        launch = gemm_launch(knobs, inputs["x"], inputs["w_gate"], out, b2=inputs["w_up"],
+                             epilogue=1)
         return Launch(run=launch, out=out)
 
 

@@ -9,13 +9,14 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
-    GEMM_LAUNCH,
-    GEMM_TILES,
     Kind,
     Knobs,
     Launch,
     Shape,
-    cdiv,
+    gemm_launch,
+    gemm_path_misfit,
+    gemm_smem,
+    gemm_space,
     gemm_tile_misfit,
     random_normal,
     torch_dtype,
@@ -32,17 +33,16 @@ class NormLinear(Kind):
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 2], "PROLOGUE": [0, 1], "num_warps": [1], "num_stages": [1]}
-        return {**GEMM_TILES, "PROLOGUE": [0, 1], **GEMM_LAUNCH}
+        return gemm_space(card, {"PROLOGUE": [0, 1]})
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
         warps, stages = knobs["num_warps"], knobs["num_stages"]
-        if why := gemm_tile_misfit(knobs, shape):
+        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape):
             return why
         if self.is_interpret(card):
             return None
-        elem = DTYPE_BYTES[shape["dtype"]]
-        smem = stages * (bm * bk + bk * bn + bk) * elem
+        smem = gemm_smem(knobs, shape) + stages * bk * DTYPE_BYTES[shape["dtype"]]
         if smem > card.smem_optin:
             return f"shared memory {smem} B > opt-in {card.smem_optin} B"
         # fp32 accumulator (plus, when the norm is fused into the main loop, the running
@@ -93,21 +93,11 @@ class NormLinear(Kind):
                         inputs["w"])
 
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
-        from harness.kinds._norm_linear_triton import norm_linear_kernel
-
-        x, wn, w, out = inputs["x"], inputs["w_norm"], inputs["w"], inputs["out"]
-        m, n, k = shape["M"], shape["N"], shape["K"]
-        bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
-        grid = (cdiv(m, bm) * cdiv(n, bn),)
-
-        def launch() -> Any:
-            return norm_linear_kernel[grid](
-                x, wn, w, out, m, n, k, EPS,
-                x.stride(0), x.stride(1), w.stride(1), w.stride(0), out.stride(0), out.stride(1),
-                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=knobs["BLOCK_K"], GROUP_M=knobs["GROUP_M"],
-                PROLOGUE=knobs["PROLOGUE"],
-                num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
-
+        # knob PROLOGUE=1: rstd first, then the normalized rows (template prologue 1);
+        # PROLOGUE=0: rstd folded into the epilogue (template prologue 2)
+        out = inputs["out"]
+        launch = gemm_launch(knobs, inputs["x"], inputs["w"], out, wn=inputs["w_norm"],
+                             prologue=1 if knobs["PROLOGUE"] else 2, eps=EPS)
         return Launch(run=launch, out=out)
 
 

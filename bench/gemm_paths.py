@@ -1,0 +1,136 @@
+"""The GEMM template's paths against torch's op on the golden shapes of the live GPU.
+
+For every golden shape of the matmul-like kinds (or those named), a small grid of tiles is run
+on each path the card realizes (pointers; TMA; TMA + persistent; TMA + persistent + subtiled
+epilogue), checked against the fp32 reference with the kind's tolerance, and timed with
+``triton.testing.do_bench`` (median) beside torch's own op (cuBLAS for the linears).  Prints
+one line per shape (the best configuration of each path over torch's time) and writes every
+measurement as JSON lines to ``--out``.
+
+    python bench/gemm_paths.py [--kinds matmul,norm_linear] [--out gemm_paths.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GEMM_KINDS = ("matmul", "norm_linear", "mlp_geglu", "linear_norm")
+PATHS = {"ptr": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0},
+         "tma": {"TMA": 1, "PERSISTENT": 0, "SUBTILE": 0},
+         "tma_persistent": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0},
+         "tma_persistent_subtile": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1}}
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
+PREFILL_TILES = [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 4),
+                 (128, 128, 128, 8, 8, 3), (256, 128, 64, 8, 8, 3), (64, 256, 64, 8, 4, 4)]
+DECODE_TILES = [(16, 64, 128, 1, 4, 4), (16, 128, 128, 1, 4, 4), (16, 32, 256, 1, 4, 3),
+                (16, 64, 256, 1, 4, 4), (16, 128, 64, 1, 4, 6)]
+OWN = {"norm_linear": [{"PROLOGUE": 0}, {"PROLOGUE": 1}], "linear_norm": [{"ROW_PROGRAM": 0}]}
+
+
+def candidates(kind_name: str, shape: dict) -> list[dict]:
+    tiles = DECODE_TILES if shape["M"] <= 64 else PREFILL_TILES
+    out = []
+    for (bm, bn, bk, gm, w, s), path, own in itertools.product(
+            tiles, PATHS.values(), OWN.get(kind_name, [{}])):
+        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": gm, **own, **path,
+                    "num_warps": w, "num_stages": s})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", default=",".join(GEMM_KINDS))
+    ap.add_argument("--shapes", default="", help="only shape ids containing this text")
+    ap.add_argument("--out", default="gemm_paths.jsonl")
+    args = ap.parse_args()
+
+    import torch
+    from triton.testing import do_bench
+
+    from harness import goldens
+    from harness import kinds as registry
+    from harness.box.bench import _mismatch
+    from harness.box.probe import probe
+    from harness.cards import DEPLOYABLE, card_from_probe
+    from harness.points import make_spec
+
+    card = card_from_probe(probe())
+    print(f"card {card.name} cc {card.cc}", flush=True)
+    from harness.box.compiler import CompilePool, default_workers
+
+    todo = [(kind_name, g, knobs) for kind_name in args.kinds.split(",")
+            for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]) if args.shapes in g.shape_id
+            for knobs in candidates(kind_name, g.shape)
+            if not registry.get(kind_name).unrealizable(knobs, g.shape, card)]
+    compiler = CompilePool(default_workers(), target=("cuda", card.cc[0] * 10 + card.cc[1], 32))
+    for kind_name, g, knobs in todo:  # compiled ahead on the box's cores, in measuring order
+        compiler.submit(f"{g.shape_id}/{make_spec(knobs)}", kind_name, g.shape, knobs)
+    print(f"{len(todo)} configurations, compiling on {compiler.workers} cores", flush=True)
+    out = open(args.out, "w")
+    summary = []
+    t_start = time.time()
+    for kind_name in args.kinds.split(","):
+        kind = registry.get(kind_name)
+        for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]):
+            if args.shapes not in g.shape_id:
+                continue
+            inputs = kind.make_inputs(g.shape, "cuda", 0)
+            ref = kind.reference(g.shape, inputs)
+            atol, rtol = kind.tolerance(g.shape["dtype"])
+            torch_us = do_bench(functools.partial(kind.torch_op, g.shape, inputs),
+                                return_mode="median")
+            best: dict[str, tuple[float, str]] = {}
+            wrong = 0
+            for knobs in candidates(kind_name, g.shape):
+                if kind.unrealizable(knobs, g.shape, card):
+                    continue
+                path = next(p for p, v in PATHS.items()
+                            if all(knobs[k] == x for k, x in v.items()))
+                compiler.wait(f"{g.shape_id}/{make_spec(knobs)}", 600)
+                rec = {"kind": kind_name, "shape_id": g.shape_id, "spec": make_spec(knobs),
+                       "path": path, "torch_us": torch_us}
+                try:
+                    launch = kind.prepare(knobs, g.shape, inputs)
+                    launch.out.fill_(float("nan"))
+                    launch.run()
+                    torch.cuda.synchronize()
+                    err = _mismatch(launch.out, ref, atol, rtol)
+                    if err:
+                        wrong += 1
+                        rec.update(status="wrong", error=err)
+                    else:
+                        us = do_bench(launch.run, return_mode="median")
+                        rec.update(status="ok", us=us)
+                        if path not in best or us < best[path][0]:
+                            best[path] = (us, rec["spec"])
+                except Exception as exc:  # noqa: BLE001 - a failing configuration is a row
+                    rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+            line = {p: round(best[p][0] / torch_us, 3) for p in best}
+            summary.append((kind_name, g.shape_id, torch_us, line, wrong))
+            print(f"{g.shape_id:52} torch {torch_us:9.1f} us  " + "  ".join(
+                f"{p} {r:.3f}" for p, r in line.items()) + (f"  WRONG {wrong}" if wrong else ""),
+                flush=True)
+            inputs = ref = None
+            torch.cuda.empty_cache()
+    print(f"done in {time.time() - t_start:.0f} s")
+    for kind_name in args.kinds.split(","):
+        ratios = [min(r.values()) for k, _, _, r, _ in summary if k == kind_name and r]
+        if ratios:
+            print(f"{kind_name:12} best path over torch: median {statistics.median(ratios):.3f} "
+                  f"max {max(ratios):.3f} over {len(ratios)} shapes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
