@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness import cards, pools, shipped
+from harness import kinds as registry
 from harness.points import make_spec
 
 
@@ -70,8 +71,11 @@ def test_a_bad_baselines_value_names_the_choices(bad: str) -> None:
 def test_the_pools_measure_shipped_configs_first_in_the_own_slice_only() -> None:
     pool = pools.build(H200, kinds=["matmul", "softmax"])
     for sp in pool.shapes:
-        want = {make_spec(k) for ks in shipped.configs(sp.golden.kind, sp.golden.shape,
-                                                       H200).values() for k in ks}
+        # a shipped configuration means the kind's added knobs (TMA, …) at their first value
+        space = registry.get(sp.golden.kind).knob_space(sp.golden.shape, H200)
+        want = {make_spec(k if shipped.is_baseline(k) else pools.completed(dict(k), space))
+                for ks in shipped.configs(sp.golden.kind, sp.golden.shape, H200).values()
+                for k in ks}
         first = [p for p in sp.points if p.first]
         assert {p.spec for p in first} == want
         assert all(p.slice == "own" for p in first)

@@ -53,11 +53,14 @@ def gemm_space(card: Card, own: Mapping[str, list[Any]] | None = None) -> dict[s
     return {**space, **GEMM_LAUNCH}
 
 
-def gemm_path_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any]) -> str | None:
+def gemm_path_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
+                     card: Card) -> str | None:
     """Why the template's TMA / persistent / subtiled paths cannot take this configuration."""
     tma = knobs.get("TMA", 0)
     if not tma and (knobs.get("PERSISTENT", 0) or knobs.get("SUBTILE", 0)):
         return "PERSISTENT and SUBTILE run on the TMA path only"
+    if tma and card.regime != INTERPRET and card.cc < (9, 0):
+        return f"TMA needs compute capability 9.0 or later; {card.name} has {card.cc}"
     if tma:
         e = DTYPE_BYTES[shape["dtype"]]
         if (shape["K"] * e) % 16 or (shape["N"] * e) % 16:

@@ -1,5 +1,11 @@
 """norm_linear: an RMSNorm fused into the linear that follows it (Llama's input norm + QKV
-projection, final norm + LM head): ``out = rmsnorm(x, w_norm) @ W.T`` with x M×K, W N×K."""
+projection, final norm + LM head): ``out = rmsnorm(x, w_norm) @ W.T`` with x M×K, W N×K.
+
+Three schemes, chosen by the ``PROLOGUE`` knob, all on the GEMM template: 1 computes each
+row's rstd in a first pass over K and feeds the normalized rows to the dot; 0 feeds
+``x * w_norm`` while summing ``x**2`` and scales the accumulator by rstd at the end; 2
+normalizes the rows into a workspace in one pass of their own, then runs the plain GEMM (each
+row normalized once rather than once per N tile: the scheme for large M)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from harness.kinds.base import (
     gemm_smem,
     gemm_space,
     gemm_tile_misfit,
+    next_pow2,
     random_normal,
     torch_dtype,
 )
@@ -32,13 +39,14 @@ class NormLinear(Kind):
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
-                    "GROUP_M": [1, 2], "PROLOGUE": [0, 1], "num_warps": [1], "num_stages": [1]}
-        return gemm_space(card, {"PROLOGUE": [0, 1]})
+                    "GROUP_M": [1, 2], "PROLOGUE": [0, 1, 2], "num_warps": [1],
+                    "num_stages": [1]}
+        return gemm_space(card, {"PROLOGUE": [0, 1, 2]})
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
         warps, stages = knobs["num_warps"], knobs["num_stages"]
-        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape):
+        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape, card):
             return why
         if self.is_interpret(card):
             return None
@@ -93,11 +101,36 @@ class NormLinear(Kind):
                         inputs["w"])
 
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
-        # knob PROLOGUE=1: rstd first, then the normalized rows (template prologue 1);
-        # PROLOGUE=0: rstd folded into the epilogue (template prologue 2)
-        out = inputs["out"]
-        launch = gemm_launch(knobs, inputs["x"], inputs["w"], out, wn=inputs["w_norm"],
-                             prologue=1 if knobs["PROLOGUE"] else 2, eps=EPS)
+        x, wn, w, out = inputs["x"], inputs["w_norm"], inputs["w"], inputs["out"]
+        if knobs["PROLOGUE"] == 2:
+            return self._normalized_first(knobs, shape, x, wn, w, out)
+        # PROLOGUE=1: rstd first, then the normalized rows (the template's prologue 1);
+        # PROLOGUE=0: rstd folded into the epilogue (the template's prologue 2)
+        launch = gemm_launch(knobs, x, w, out, wn=wn, prologue=1 if knobs["PROLOGUE"] else 2,
+                             eps=EPS)
+        return Launch(run=launch, out=out)
+
+    @staticmethod
+    def _normalized_first(knobs: Knobs, shape: Shape, x: Any, wn: Any, w: Any,
+                          out: Any) -> Launch:
+        """PROLOGUE=2: one pass normalizes the rows into a workspace, then the plain GEMM
+        reads them: each row is normalized once, not once per N tile, and the GEMM's A
+        operand goes from shared memory straight to the tensor cores."""
+        import torch
+
+        from harness.kinds._rms_norm_triton import rms_norm_kernel
+
+        m, k = shape["M"], shape["K"]
+        xn = torch.empty_like(x)
+        block = min(next_pow2(k), 8192)
+        gemm = gemm_launch(knobs, xn, w, out)
+
+        def launch() -> Any:
+            rms_norm_kernel[(m,)](x, wn, xn, m, k, EPS, x.stride(0), xn.stride(0),
+                                  BLOCK_N=block, ROWS=1, ONE_PASS=int(block >= k),
+                                  num_warps=8 if block >= 4096 else 4)
+            return gemm()
+
         return Launch(run=launch, out=out)
 
 
