@@ -33,7 +33,7 @@ PREFILL_TILES = [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 256, 64
                  (128, 128, 128, 8, 8, 3), (256, 128, 64, 8, 8, 3), (64, 256, 64, 8, 4, 4)]
 DECODE_TILES = [(16, 64, 128, 1, 4, 4), (16, 128, 128, 1, 4, 4), (16, 32, 256, 1, 4, 3),
                 (16, 64, 256, 1, 4, 4), (16, 128, 64, 1, 4, 6)]
-OWN = {"norm_linear": [{"PROLOGUE": 0}, {"PROLOGUE": 1}], "linear_norm": [{"ROW_PROGRAM": 0}]}
+OWN = {"norm_linear": [{"PROLOGUE": 0}, {"PROLOGUE": 1}, {"PROLOGUE": 2}], "linear_norm": [{"ROW_PROGRAM": 0}]}
 
 
 def candidates(kind_name: str, shape: dict) -> list[dict]:

@@ -80,7 +80,7 @@ def store_c_tile(dst, tile, row0, col0, M, N, stride_cm, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def gemm_tile(tile_id, a, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
+def gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
               stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               GROUP_M: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
@@ -94,9 +94,11 @@ def gemm_tile(tile_id, a, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
     if PROLOGUE != 0:
         ss = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)  # running a**2, reduced once
     if PROLOGUE == 1:
+        # through pointers on every path: the main loop alone streams A's descriptor (the
+        # same descriptor pipelined in two loops gave wrong results on an H200, Triton 3.6)
         for ki in range(0, k_tiles):
-            af = load_k_tile(a, row0, ki * BLOCK_K, M, K, stride_am, BLOCK_M, BLOCK_K,
-                             TMA, EVEN_K).to(tl.float32)
+            af = load_k_tile(x_ptr, row0, ki * BLOCK_K, M, K, stride_am, BLOCK_M, BLOCK_K,
+                             False, EVEN_K).to(tl.float32)
             ss += af * af
         rstd = tl.rsqrt(tl.sum(ss, 1) / K + eps)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -143,23 +145,24 @@ def gemm_tile(tile_id, a, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
 
 
 @triton.jit(do_not_specialize=["num_progs"])
-def gemm_kernel(a, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
+def gemm_kernel(a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                 stride_am, stride_bn, stride_cm, stride_sm, num_progs,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
                 TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr,
                 EVEN_K: tl.constexpr):
-    """``a``, ``b``, ``b2`` and ``c`` are tensor descriptors when TMA, else pointers."""
+    """``a``, ``b``, ``b2`` and ``c`` are tensor descriptors when TMA, else pointers;
+    ``x_ptr`` is A's pointer on every path."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     if PERSISTENT:
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
                                 flatten=True):
-            gemm_tile(tile_id, a, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
+            gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                       stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE,
                       EVEN_K)
     else:
-        gemm_tile(tl.program_id(0), a, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
+        gemm_tile(tl.program_id(0), a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                   stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE, EVEN_K)

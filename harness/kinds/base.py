@@ -127,7 +127,7 @@ def gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, *, b2: Any = None, wn: Any
 
     def launch() -> Any:
         return gemm_kernel[(progs,)](
-            a_, b_, b2_, wn_, c_, ss_, m, n, k, eps,
+            a_, a, b_, b2_, wn_, c_, ss_, m, n, k, eps,
             a.stride(0), b.stride(0), c.stride(0), stride_sm, progs,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=knobs["GROUP_M"],
             PROLOGUE=prologue, EPILOGUE=epilogue, TMA=tma, PERSISTENT=persistent,
