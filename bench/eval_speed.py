@@ -2,7 +2,7 @@
 
     python bench/eval_speed.py [--db PATH] [--rows 8400] [--folds 6] [--prior NAME ...]
 
-Runs the eval CLI twice on the same node table, each in a fresh process: *before*, one fit of
+Evaluates the same node table twice, as the eval CLI does, each in a fresh process: *before*, one fit of
 each learning prior per shape (``--folds 0``, leave-one-shape-out: how eval fitted before
 folds), and *after*, one fit per fold (``--folds N``, the default).  Prints, side by side, each
 run's wall time, CPU time (the child's user + system), the lines of its default output, and
@@ -34,10 +34,23 @@ sys.path.insert(0, str(ROOT / "bench"))
 DEFAULT_FOLDS = 6  # harness.evaluate.FOLDS, without importing scikit-learn here
 
 
-def run_eval(db: Path, folds: int, priors: list[str], extra: list[str]) -> dict[str, Any]:
-    """One ``python -m harness eval`` in a fresh process: its stdout, wall and CPU seconds."""
-    cmd = [sys.executable, "-m", "harness", "eval", "--db", str(db), "--folds", str(folds),
-           *extra]
+def child(db: Path, folds: int, priors: list[str]) -> None:
+    """In the child process: what ``python -m harness eval --db DB --folds N`` does (read,
+    fit, score, render), then one JSON line: the default output's line count and the results
+    (``harness.evaluate.to_json``), so one evaluation gives both."""
+    from harness.evaluate import EvalRequest, compare_shipped, format_eval, run_request, to_json
+
+    run = run_request(EvalRequest(db=db, priors=priors, folds=folds))
+    versus = [e for e in compare_shipped(run.rows, run.blocks) if e.has_shipped]
+    text = format_eval(run.blocks, versus)
+    print(json.dumps({"lines": len(text.splitlines()),
+                      "data": to_json(run.blocks, shipped=[e.to_json() for e in versus])}))
+
+
+def run_eval(db: Path, folds: int, priors: list[str]) -> dict[str, Any]:
+    """:func:`child` in a fresh process (imports counted, as the CLI's): its wall and CPU
+    seconds, lines and results."""
+    cmd = [sys.executable, __file__, "--child", "--db", str(db), "--folds", str(folds)]
     if priors:
         cmd += ["--prior", *priors]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -47,7 +60,8 @@ def run_eval(db: Path, folds: int, priors: list[str], extra: list[str]) -> dict[
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
-    return {"stdout": done.stdout, "wall_s": wall,
+    got = json.loads(done.stdout.splitlines()[-1])
+    return {"wall_s": wall, "lines": got["lines"], "figures": figures(got["data"]),
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
 
 
@@ -98,10 +112,7 @@ def measure(db: Path, folds: int, priors: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for side, n in (("before", 0), ("after", folds)):
         print(f"eval --folds {n} …", file=sys.stderr, flush=True)
-        text = run_eval(db, n, priors, [])
-        data = json.loads(run_eval(db, n, priors, ["--json"])["stdout"])
-        out[side] = {"wall_s": text["wall_s"], "cpu_s": text["cpu_s"],
-                     "lines": len(text["stdout"].splitlines()), "figures": figures(data)}
+        out[side] = run_eval(db, n, priors)
     return out
 
 
@@ -113,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="folds of the 'after' run")
     p.add_argument("--prior", nargs="+", action="extend", default=[],
                    help="priors to evaluate (default: eval's own)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        child(args.db, args.folds, args.prior)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         db = args.db
         if db is None:

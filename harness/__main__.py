@@ -285,7 +285,7 @@ def _add_eval(subparsers: Any) -> None:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from harness.evaluate import compare_shipped, format_shipped, format_text, to_json
+    from harness.evaluate import compare_shipped, format_eval, to_json
 
     run = _run_eval(args)
     versus = [e for e in compare_shipped(run.rows, run.blocks) if e.has_shipped]
@@ -294,10 +294,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                                  regime=run.regime, shipped=[e.to_json() for e in versus]),
                          indent=1))
     else:
-        print(format_text(run.blocks, verbose=args.verbose))
-        if versus:
-            print()
-            print(format_shipped(versus))
+        print(format_eval(run.blocks, versus, verbose=args.verbose))
     return EXIT_OK
 
 

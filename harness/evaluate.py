@@ -390,11 +390,14 @@ def _f(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], indent: str = "  ") -> list[str]:
+def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], left: Sequence[int] = (0,),
+           indent: str = "  ") -> list[str]:
+    """A tabulate table, columns right-aligned but those in ``left``, indented."""
     from tabulate import tabulate
 
+    cols = range(len(headers))
     text = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
-                    colalign=("left",) * 2 + ("right",) * (len(headers) - 2))
+                    colalign=tuple("left" if i in left else "right" for i in cols))
     return [indent + line.rstrip() for line in text.splitlines()]
 
 
@@ -422,7 +425,8 @@ def format_text(blocks: Sequence[CardEval], *, verbose: bool = False) -> str:
                               _f(s["regret_mean"]), _f(s["regret_median"]),
                               _f(s["regret_worst"]), str(len(e.misses))])
             lines += _table(table, ("prior", "mode", "shapes", "abstains", "rho med",
-                                    "regret mean", "median", "worst", f">{MISS_RATIO}x"))
+                                    "regret mean", "median", "worst", f">{MISS_RATIO}x"),
+                            left=(0, 1))
             missing = [(e, m) for e in b.evals for m in e.misses]
             abstaining = [e for e in b.evals if e.abstained]
             if abstaining:
@@ -450,6 +454,14 @@ def format_text(blocks: Sequence[CardEval], *, verbose: bool = False) -> str:
                          f"with fewer than {b.min_rows} ok rows (-v lists them)")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def format_eval(blocks: Sequence[CardEval], versus: Sequence[ShippedEval] = (), *,
+                verbose: bool = False) -> str:
+    """What ``python -m harness eval`` prints: :func:`format_text`, then
+    :func:`format_shipped` where there is a comparison."""
+    text = format_text(blocks, verbose=verbose)
+    return f"{text}\n\n{format_shipped(versus)}" if versus else text
 
 
 def to_json(blocks: Sequence[CardEval], **context: Any) -> dict[str, Any]:
@@ -768,7 +780,8 @@ def format_shipped(evals: Sequence[ShippedEval]) -> str:
                           _f(e["regret_worst"]), within, _f(e.get("to_within_median"), 1),
                           missing])
         lines += _table(table, ("method", "shapes", "mean", "median", "worst",
-                                f"within {WITHIN - 1:.0%}", "measured", "not picked"))
+                                f"within {WITHIN - 1:.0%}", "measured", "not picked"),
+                        left=(0, 7))
         listed = total["autotune_list"]
         lines.append(f"  measured: median measurements to within {WITHIN - 1:.0%} of the best "
                      "(shapes that get there)"
