@@ -242,6 +242,25 @@ def plot_shipped(path: Path, title: str, ev: ShippedEval) -> Path:
     return path
 
 
+RATIO_TICKS = (1.0, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
+
+
+def _ratio_ticks(ax: Any) -> None:
+    """Plain ratio labels (1.1, 2, 10) on a log y axis, not powers of ten."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, StrMethodFormatter
+
+    lo, hi = ax.get_ylim()
+    gap = 0.06 * math.log(max(hi / lo, 1.01))  # labels at least 6% of the axis apart
+    ticks: list[float] = []
+    for t in RATIO_TICKS:
+        if lo <= t <= hi and (not ticks or math.log(t / ticks[-1]) >= gap):
+            ticks.append(t)
+    ticks = ticks or [1.0]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 PRIOR_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -279,6 +298,7 @@ def plot_regret(path: Path, title: str, evals: Sequence[PriorEval]) -> Path:
     for x in range(1, len(groups)):
         ax.axvline(x - 0.5, color="#dddddd", linewidth=0.6)
     ax.set_yscale("log")
+    _ratio_ticks(ax)
     ax.set_xlim(-0.5, len(groups) - 0.5)
     counts = {k: len({s.shape_id for e in evals for s in e.shapes if s.kind == k}) for k in kinds}
     counts["all"] = len({s.shape_id for e in evals for s in e.shapes})
@@ -475,8 +495,8 @@ def write_report(out_dir: Path, rows: Sequence[Row], blocks: Sequence[CardEval],
                          f'{html.escape(gpu)}">')
             if any(m in s.picks for s in ev.shapes for m in ("torch", "compile")):
                 img = plot_baselines(out_dir / f"baselines-{name}.png",
-                                     f"{gpu} ({reg}): best configuration against torch and "
-                                     "torch.compile", ev)
+                                     f"{gpu}: best configuration, torch, torch.compile",
+                                     ev)
                 parts.append(f'<h3>Best time per shape against torch and torch.compile</h3>'
                              f'<img src="{img.name}" alt="best time per shape against torch '
                              f'on {html.escape(gpu)}">')
