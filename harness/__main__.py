@@ -192,8 +192,9 @@ def _eval_options(p: Any) -> None:
                    help="evaluate only this card (an alias such as h200, or the gpu column's name)")
     p.add_argument("--kind", action="append", default=None, metavar="K",
                    help="evaluate only this kind (repeatable)")
-    p.add_argument("--regime", choices=("deployable", "interpret"), default="deployable",
-                   help="which rows to evaluate (default deployable; interpret rows are inert)")
+    p.add_argument("--regime", choices=("deployable", "interpret"), default=None,
+                   help="which rows to evaluate (default: deployable where the table has any, "
+                   "else the regime it holds; interpret rows are inert)")
     p.add_argument("--prior", nargs="+", action="extend", default=None, metavar="NAME",
                    help="priors to evaluate: registered names or module:attr specs "
                    "(default: oracle random transfer roofline learned)")
@@ -202,11 +203,44 @@ def _eval_options(p: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prior and the trees")
     p.add_argument("--min-rows", type=int, default=3,
                    help="ok rows a shape needs to be evaluated (default 3)")
+    p.add_argument("--folds", type=int, default=None, metavar="N",
+                   help="fits of a learning prior per card: the shapes are dealt to N folds "
+                   "kind by kind and each fold is scored by the fit that did not see it (default "
+                   "6; 0: one fit per shape, leave-one-shape-out)")
 
 
-def _run_eval(args: argparse.Namespace, allow_empty: bool = False
-              ) -> tuple[Any, list[dict[str, Any]]]:
-    from harness.evaluate import EvalError, EvalRequest, RequestError, run_request
+class _FitProgress:
+    """The evaluation's fits on stderr (stdout stays the tables): one line rewritten in place
+    on a terminal, a line per fit otherwise."""
+
+    def __init__(self, stream: Any = None) -> None:
+        import time
+
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.clock = time.monotonic
+        self.start = self.clock()
+        self.open = False
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if done == 0 and not self.tty:
+            return
+        line = f"eval: {what}: {done}/{total} fits, {self.clock() - self.start:.0f} s"
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line + ("\n" if done == total else ""))
+            self.open = done != total
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.open = False
+
+
+def _run_eval(args: argparse.Namespace, allow_empty: bool = False) -> Any:
+    from harness.evaluate import FOLDS, EvalError, EvalRequest, RequestError, run_request
     from harness.priors import PriorError
 
     if args.min_rows < 2:
@@ -214,15 +248,19 @@ def _run_eval(args: argparse.Namespace, allow_empty: bool = False
                            "rank (the default is 3)", EXIT_USAGE)
     req = EvalRequest(db=args.db or default_db_path(), gpu=args.gpu, kinds=args.kind,
                       regime=args.regime, priors=args.prior or [], anchors_dir=args.anchors,
-                      seed=args.seed, min_rows=args.min_rows)
+                      seed=args.seed, min_rows=args.min_rows,
+                      folds=FOLDS if args.folds is None else args.folds)
+    progress = _FitProgress()
     try:
-        return run_request(req, allow_empty=allow_empty)
+        return run_request(req, allow_empty=allow_empty, progress=progress)
     except (RequestError, PriorError) as e:
         raise CommandError(str(e), EXIT_USAGE) from None
     except EvalError as e:
         raise CommandError(str(e)) from e
     except ImportError as e:
         raise CommandError(f"{e}; install the eval extra: pip install -e '.[eval]'") from None
+    finally:
+        progress.close()
 
 
 def _add_eval(subparsers: Any) -> None:
@@ -230,33 +268,33 @@ def _add_eval(subparsers: Any) -> None:
         "eval", help="evaluate priors on the node table (Spearman, top-1 regret per shape)",
         description="Per card and regime, score every shape with >= 3 ok rows by each prior "
         "(lower = predicted faster): median Spearman against the measured times, and the "
-        "regret of the prior's pick (its time over the best); shapes picked > 1.2x the best "
-        "are listed.  Priors are fitted leave-one-shape-out, and learned ones also "
-        "leave-one-card-out when the table holds two or more cards.  Where the table holds "
-        "shipped configurations or baselines, a second table sets the learned and transfer "
-        "priors' picks beside the shipped heuristic, the autotune list, torch and "
-        "torch.compile.")
+        "regret of the prior's pick (its time over the best); a prior that scores every row "
+        "of a shape alike abstains there (no pick, left out of its figures).  Learning priors "
+        "are fitted per fold of shapes (--folds), and also leave-one-card-out when the table "
+        "holds two or more cards; the fits go by on stderr.  Where the table holds shipped "
+        "configurations or baselines, a second table sets the learned and transfer priors' "
+        "picks beside the shipped heuristic, the autotune list, torch and torch.compile.")
     _eval_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON dict instead of tables")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also list the picks over 1.2x the best, the shapes each prior abstains "
+                   "on and the shapes skipped")
     p.set_defaults(func=_cmd_eval)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from harness.evaluate import compare_shipped, format_shipped, format_text, to_json
+    from harness.evaluate import compare_shipped, format_eval, to_json
 
-    blocks, rows = _run_eval(args)
-    versus = [e for e in compare_shipped(rows, blocks) if e.has_shipped]
+    run = _run_eval(args)
+    versus = [e for e in compare_shipped(run.rows, run.blocks) if e.has_shipped]
     if args.json:
-        print(json.dumps(to_json(blocks, db=str(args.db or default_db_path()),
-                                 regime=args.regime, shipped=[e.to_json() for e in versus]),
+        print(json.dumps(to_json(run.blocks, db=str(args.db or default_db_path()),
+                                 regime=run.regime, shipped=[e.to_json() for e in versus]),
                          indent=1))
     else:
-        print(format_text(blocks))
-        if versus:
-            print()
-            print(format_shipped(versus))
+        print(format_eval(run.blocks, versus, verbose=args.verbose))
     return EXIT_OK
 
 
@@ -275,10 +313,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from harness.evaluate import EvalError
     from harness.report import write_report
 
-    blocks, rows = _run_eval(args, allow_empty=True)
+    run = _run_eval(args, allow_empty=True)
     try:
         anchors = goldens.anchors(args.anchors)
-        index = write_report(args.out, rows, blocks, anchors, regime=args.regime,
+        index = write_report(args.out, run.rows, run.blocks, anchors, regime=run.regime,
                              db=str(args.db or default_db_path()))
     except (OSError, EvalError) as e:
         raise CommandError(f"report: {e}") from None

@@ -10,13 +10,22 @@ the prior scores its rows (lower = predicted faster), and
   measured time; when several rows share the lowest score the pick is the *slowest* of them,
   so a prior that cannot tell configurations apart is not rewarded for it.
 
+A prior that scores every row of a shape alike (``transfer`` where no other card anchors the
+shape; NaN scores, "no opinion", count as alike) **abstains** there: it has no pick, and the
+shape is left out of its Spearman and regret figures and counted apart.
+
 A card × regime × prior × mode is summarized by the median Spearman over its shapes and the
 mean / median / worst regret; shapes whose pick is more than ``MISS_RATIO`` times the best
 are listed (the prior "misses the best").  Shapes with too few rows are counted as skipped.
 
 Modes (what the prior was fitted on before it scored a shape):
 
-- ``shape-out``: every other shape of the same card and regime (leave-one-shape-out);
+- ``shape-out``: the other shapes of the same card and regime.  A prior that learns is
+  fitted once per *fold*: the shapes are dealt to ``folds`` folds kind by kind
+  (:func:`shape_folds`), so a fold holds out as few shapes of any one kind as it can, and a
+  shape is scored by the fit that did not see it.  Where no kind has more shapes than there
+  are folds, a shape's own kind is trained on exactly as in leave-one-shape-out, at a
+  fraction of the fits; ``folds=0`` is leave-one-shape-out itself (one fit per shape);
 - ``card-out``: every row of the other cards in the regime (leave-one-card-out), only when
   the table holds two or more cards there, and only for priors that learn.
 
@@ -33,6 +42,7 @@ top-1, and the two baselines, with how many measurements each needs to come with
 
 Pure apart from the priors themselves: rows in, :class:`CardEval` and :class:`ShippedEval`
 values out; :func:`format_text`, :func:`format_shipped` and :func:`to_json` render them.
+:func:`evaluate` reports each fit through an optional ``progress`` callback.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,15 +101,16 @@ def clean_scores(scores: Sequence[Any]) -> list[float]:
 
 @dataclass
 class ShapeResult:
-    """One prior on one shape: its Spearman, its pick and the regret of that pick."""
+    """One prior on one shape: its Spearman, its pick and the regret of that pick; no pick
+    (``abstained``) where the prior scored every row alike."""
 
     kind: str
     shape_id: str
     n_rows: int
     spearman: float | None
-    regret: float
-    pick_spec: str
-    pick_us: float
+    regret: float | None  # None: abstained
+    pick_spec: str | None
+    pick_us: float | None
     best_spec: str
     best_us: float
     # Kept for the plots, left out of the JSON.
@@ -107,24 +118,40 @@ class ShapeResult:
     values: list[float] = field(default_factory=list, repr=False)
     specs: list[str] = field(default_factory=list, repr=False)
 
+    @property
+    def abstained(self) -> bool:
+        return self.regret is None
+
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "shape_id": self.shape_id, "n_rows": self.n_rows,
-                "spearman": self.spearman, "regret": self.regret, "pick_spec": self.pick_spec,
-                "pick_us": self.pick_us, "best_spec": self.best_spec, "best_us": self.best_us}
+                "abstained": self.abstained, "spearman": self.spearman, "regret": self.regret,
+                "pick_spec": self.pick_spec, "pick_us": self.pick_us,
+                "best_spec": self.best_spec, "best_us": self.best_us}
 
 
 @dataclass
 class PriorEval:
-    """One prior in one mode on one card × regime: per-shape results and their summary."""
+    """One prior in one mode on one card × regime: per-shape results and their summary.
+    ``folds``: the fits of a learning prior in shape-out mode (0: not fitted per fold)."""
 
     prior: str
     mode: str
     shapes: list[ShapeResult]
     unit: str = ""
+    folds: int = 0
+
+    @property
+    def scored(self) -> list[ShapeResult]:
+        """The shapes the prior has a pick on (it did not abstain)."""
+        return [s for s in self.shapes if not s.abstained]
+
+    @property
+    def abstained(self) -> list[ShapeResult]:
+        return [s for s in self.shapes if s.abstained]
 
     @property
     def spearmans(self) -> list[float]:
-        return [s.spearman for s in self.shapes if s.spearman is not None]
+        return [s.spearman for s in self.scored if s.spearman is not None]
 
     @property
     def spearman_median(self) -> float | None:
@@ -133,17 +160,18 @@ class PriorEval:
 
     @property
     def regrets(self) -> list[float]:
-        return [s.regret for s in self.shapes]
+        return [s.regret for s in self.scored if s.regret is not None]
 
     @property
     def misses(self) -> list[ShapeResult]:
-        return sorted((s for s in self.shapes if s.regret > MISS_RATIO),
-                      key=lambda s: (-s.regret, s.shape_id))
+        return sorted((s for s in self.scored if s.regret is not None and s.regret > MISS_RATIO),
+                      key=lambda s: (-(s.regret or 0.0), s.shape_id))
 
     def summary(self) -> dict[str, Any]:
         r = self.regrets
         return {
             "prior": self.prior, "mode": self.mode, "n_shapes": len(self.shapes),
+            "n_abstained": len(self.abstained), "folds": self.folds,
             "spearman_median": self.spearman_median, "n_spearman": len(self.spearmans),
             "regret_mean": statistics.fmean(r) if r else None,
             "regret_median": statistics.median(r) if r else None,
@@ -155,6 +183,7 @@ class PriorEval:
                 "misses": [{"kind": s.kind, "shape_id": s.shape_id, "regret": s.regret,
                             "pick_spec": s.pick_spec, "best_spec": s.best_spec}
                            for s in self.misses],
+                "abstained": [s.shape_id for s in self.abstained],
                 "shapes": [s.to_json() for s in self.shapes]}
 
 
@@ -225,18 +254,51 @@ def _fit(prior: Prior, rows: Sequence[Row]) -> None:
         raise EvalError(f"prior {prior.name!r} failed to fit on {len(rows)} rows: {e!r}") from e
 
 
+def abstains(scores: Sequence[float]) -> bool:
+    """Whether ``scores`` (of one shape's rows) say nothing: every row scored alike."""
+    return len(set(scores)) <= 1
+
+
 def score_shape(prior_scores: Sequence[float], rows: Sequence[Row]) -> ShapeResult:
     """The result of one shape's rows scored ``prior_scores`` (pure)."""
     values = [float(r["value_us"]) for r in rows]
-    i = pick(prior_scores, values)
     best = min(range(len(values)), key=lambda j: values[j])
     kind, shape_id = _shape(rows[0])
-    return ShapeResult(kind=kind, shape_id=shape_id, n_rows=len(rows),
-                       spearman=spearman(prior_scores, values),
-                       regret=values[i] / values[best], pick_spec=str(rows[i]["spec"]),
-                       pick_us=values[i], best_spec=str(rows[best]["spec"]), best_us=values[best],
-                       scores=list(prior_scores), values=values,
-                       specs=[str(r["spec"]) for r in rows])
+    out = ShapeResult(kind=kind, shape_id=shape_id, n_rows=len(rows), spearman=None,
+                      regret=None, pick_spec=None, pick_us=None,
+                      best_spec=str(rows[best]["spec"]), best_us=values[best],
+                      scores=list(prior_scores), values=values,
+                      specs=[str(r["spec"]) for r in rows])
+    if not abstains(prior_scores):
+        i = pick(prior_scores, values)
+        out.spearman = spearman(prior_scores, values)
+        out.regret, out.pick_spec, out.pick_us = values[i] / values[best], str(rows[i]["spec"]), \
+            values[i]
+    return out
+
+
+FOLDS = 6
+"""Fits of a learning prior in shape-out mode (see :func:`shape_folds`)."""
+
+Progress = Callable[[str, int, int], None]
+"""``progress(what, done, total)``: called as the fits of one card × prior × mode go by
+(``done`` of ``total``, 0 before the first); ``what`` names them (``"[card] prior mode"``)."""
+
+
+def shape_folds(shapes: Sequence[ShapeKey], folds: int = FOLDS) -> list[list[ShapeKey]]:
+    """``shapes`` dealt to ``folds`` folds kind by kind, in order, one card to each fold in
+    turn and carrying on from kind to kind: a fold holds at most ``ceil(n / folds)`` of a
+    kind's ``n`` shapes, and the folds' sizes differ by at most one.  ``folds`` 0 (or more
+    folds than shapes): one fold per shape (leave-one-shape-out).  Empty folds are dropped."""
+    if folds < 0:
+        raise ValueError(f"folds must be >= 0 (0: one fold per shape), got {folds}")
+    ordered = sorted(shapes)
+    if folds == 0 or folds >= len(ordered):
+        return [[k] for k in ordered]
+    out: list[list[ShapeKey]] = [[] for _ in range(folds)]
+    for i, key in enumerate(ordered):  # sorted by kind: a kind's shapes go to folds in turn
+        out[i % folds].append(key)
+    return [f for f in out if f]
 
 
 def evaluate(
@@ -247,13 +309,18 @@ def evaluate(
     gpus: Sequence[str] | None = None,
     kinds: Sequence[str] | None = None,
     min_rows: int = MIN_ROWS,
+    folds: int = FOLDS,
+    progress: Progress | None = None,
 ) -> list[CardEval]:
     """Evaluate ``priors`` on node ``rows`` (any cards, regimes and statuses).
 
     Only rows of ``regime`` are used.  ``gpus`` / ``kinds`` choose what is *evaluated*; the
     priors still train on every kind of the card (shape-out) or every other card (card-out),
-    so a filter never changes a shape's numbers.
+    so a filter never changes a shape's numbers.  ``folds``: see :func:`shape_folds`.
     """
+    if folds < 0:
+        raise ValueError(f"folds must be >= 0 (0: one fold per shape), got {folds}")
+    tell = progress or (lambda what, done, total: None)
     in_regime = [r for r in rows if r.get("regime") == regime]
     usable = [r for r in in_regime if _usable(r)]
     by_card: dict[str, list[Row]] = defaultdict(list)
@@ -285,21 +352,33 @@ def evaluate(
         others = [r for g, rs in by_card.items() if g != gpu for r in rs]
         for prior in priors:
             unit = str(getattr(prior, "unit", ""))
-            results = []
-            if learns(prior):
-                for key in block.evaluated:
-                    _fit(prior, [r for r in train_pool if _shape(r) != key])
-                    results.append(score_shape(_score(prior, groups[key]), groups[key]))
+            what = f"[{gpu}] {prior.name} {SHAPE_OUT}"
+            results: dict[ShapeKey, ShapeResult] = {}
+            n_folds = 0
+            if learns(prior) and block.evaluated:
+                dealt = shape_folds(block.evaluated, folds)
+                n_folds = len(dealt)
+                tell(what, 0, n_folds)
+                for done, fold in enumerate(dealt, 1):
+                    held = set(fold)
+                    _fit(prior, [r for r in train_pool if _shape(r) not in held])
+                    for key in fold:
+                        results[key] = score_shape(_score(prior, groups[key]), groups[key])
+                    tell(what, done, n_folds)
             else:
                 _fit(prior, [])
-                results = [score_shape(_score(prior, groups[k]), groups[k])
-                           for k in block.evaluated]
-            block.evals.append(PriorEval(prior.name, SHAPE_OUT, results, unit))
+                results = {k: score_shape(_score(prior, groups[k]), groups[k])
+                           for k in block.evaluated}
+            block.evals.append(PriorEval(prior.name, SHAPE_OUT,
+                                         [results[k] for k in block.evaluated], unit, n_folds))
             if learns(prior) and others and block.evaluated:
+                what = f"[{gpu}] {prior.name} {CARD_OUT}"
+                tell(what, 0, 1)
                 _fit(prior, others)
                 block.evals.append(PriorEval(prior.name, CARD_OUT, [
                     score_shape(_score(prior, groups[k]), groups[k]) for k in block.evaluated
                 ], unit))
+                tell(what, 1, 1)
         out.append(block)
     return out
 
@@ -311,42 +390,78 @@ def _f(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def format_text(blocks: Sequence[CardEval]) -> str:
-    """The tables a user reads: one per card × regime, a line per prior × mode."""
+def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str], left: Sequence[int] = (0,),
+           indent: str = "  ") -> list[str]:
+    """A tabulate table, columns right-aligned but those in ``left``, indented."""
+    from tabulate import tabulate
+
+    cols = range(len(headers))
+    text = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
+                    colalign=tuple("left" if i in left else "right" for i in cols))
+    return [indent + line.rstrip() for line in text.splitlines()]
+
+
+def format_text(blocks: Sequence[CardEval], *, verbose: bool = False) -> str:
+    """The tables a user reads: one per card × regime, a line per prior × mode.  ``verbose``
+    also lists every pick over ``MISS_RATIO`` times the best, the shapes each prior abstained
+    on and the shapes skipped; otherwise one line says how many there are."""
     if not blocks:
         return "no rows to evaluate"
     lines: list[str] = []
     for b in blocks:
-        lines.append(f"[{b.gpu}] {b.nodes} nodes ({b.regime}: {b.ok} ok, {b.nodes - b.ok} failed"
-                     + (f", {b.stale} of another featurizer version" if b.stale else "")
-                     + (f"; {b.baselines} of the ok rows are baselines, not configurations"
-                        if b.baselines else "") + ")")
-        lines.append(f"  {len(b.evaluated)} shapes evaluated (>= {b.min_rows} ok rows), "
-                     f"{len(b.skipped)} skipped")
+        lines.append(f"[{b.gpu}] {b.regime}: {b.nodes} rows, {b.ok} ok, {b.nodes - b.ok} failed"
+                     + (f", {b.stale} ok of another featurizer version" if b.stale else "")
+                     + (f", {b.baselines} ok baselines (not configurations)"
+                        if b.baselines else ""))
+        lines.append(f"  {len(b.evaluated)} shapes evaluated (>= {b.min_rows} ok configurations), "
+                     f"{len(b.skipped)} skipped; regret = time of the pick / best")
         if b.evals and b.evaluated:
-            header = (f"  {'prior':<12} {'mode':<10} {'shapes':>6} {'rho med':>8} {'rho n':>6} "
-                      f"{'regret mean':>12} {'median':>7} {'worst':>7} {'>' + str(MISS_RATIO) + 'x':>6}")
-            lines.append(header)
-            lines.append("  " + "-" * (len(header) - 2))
+            table = []
             for e in b.evals:
                 s = e.summary()
-                lines.append(
-                    f"  {e.prior:<12} {e.mode:<10} {s['n_shapes']:>6} "
-                    f"{_f(s['spearman_median']):>8} {s['n_spearman']:>6} "
-                    f"{_f(s['regret_mean']):>12} {_f(s['regret_median']):>7} "
-                    f"{_f(s['regret_worst']):>7} {len(e.misses):>6}")
+                mode = e.mode + (f" ({e.folds} folds)" if e.folds else "")
+                table.append([e.prior, mode, str(s["n_shapes"]),
+                              str(s["n_abstained"] or "-"), _f(s["spearman_median"]),
+                              _f(s["regret_mean"]), _f(s["regret_median"]),
+                              _f(s["regret_worst"]), str(len(e.misses))])
+            lines += _table(table, ("prior", "mode", "shapes", "abstains", "rho med",
+                                    "regret mean", "median", "worst", f">{MISS_RATIO}x"),
+                            left=(0, 1))
             missing = [(e, m) for e in b.evals for m in e.misses]
-            if missing:
-                lines.append(f"  misses best (pick > {MISS_RATIO}x the best):")
+            abstaining = [e for e in b.evals if e.abstained]
+            if abstaining:
+                lines.append("  abstains: every row of the shape scored alike (no opinion); left "
+                             "out of the prior's figures")
+            if verbose:
+                if missing:
+                    lines.append(f"  misses best (pick > {MISS_RATIO}x the best):")
                 for e, m in missing:
                     lines.append(f"    {e.prior}/{e.mode} {m.shape_id}: {m.regret:.2f}x "
                                  f"(picked {m.pick_spec} at {m.pick_us:.4g} us; best "
                                  f"{m.best_spec} at {m.best_us:.4g} us)")
-        for _kind, shape_id, n in b.skipped:
-            lines.append(f"  skipped {shape_id}: {n} ok row{'s' if n != 1 else ''} "
-                         f"(needs {b.min_rows})")
+                for e in abstaining:
+                    lines.append(f"    {e.prior}/{e.mode} abstains on: "
+                                 + ", ".join(s.shape_id for s in e.abstained))
+            elif missing:
+                lines.append(f"  {len(missing)} picks over {MISS_RATIO}x the best (-v lists "
+                             "them and the shapes each prior abstains on)")
+        if verbose:
+            for _kind, shape_id, n in b.skipped:
+                lines.append(f"  skipped {shape_id}: {n} ok row{'s' if n != 1 else ''} "
+                             f"(needs {b.min_rows})")
+        elif b.skipped:
+            lines.append(f"  skipped {len(b.skipped)} shape{'s' if len(b.skipped) != 1 else ''} "
+                         f"with fewer than {b.min_rows} ok rows (-v lists them)")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def format_eval(blocks: Sequence[CardEval], versus: Sequence[ShippedEval] = (), *,
+                verbose: bool = False) -> str:
+    """What ``python -m harness eval`` prints: :func:`format_text`, then
+    :func:`format_shipped` where there is a comparison."""
+    text = format_text(blocks, verbose=verbose)
+    return f"{text}\n\n{format_shipped(versus)}" if versus else text
 
 
 def to_json(blocks: Sequence[CardEval], **context: Any) -> dict[str, Any]:
@@ -365,8 +480,8 @@ METHODS = ("learned", "learned_top3", "learned_top8", "heuristic", "autotune_lis
 """Every method of the comparison, in the order of the tables."""
 WALKS = ("learned", "heuristic", "autotune_list", "transfer")
 """The methods whose measurements to come within ``WITHIN`` of the best are counted."""
-NOT_EVALUATED, NOT_MEASURED, NO_RULE, NO_LIST, NO_CARD = (
-    "not evaluated", "not measured", "no rule", "no list", "no card or shape")
+NOT_EVALUATED, NOT_MEASURED, NO_RULE, NO_LIST, NO_CARD, ABSTAINS = (
+    "not evaluated", "not measured", "no rule", "no list", "no card or shape", "abstains")
 
 
 @dataclass(frozen=True)
@@ -400,13 +515,13 @@ class ShippedShape:
     missing: dict[str, str] = field(default_factory=dict)  # method → why it has no pick
     listed: int = 0  # configurations of the autotune list this card can run
     listed_measured: int = 0  # of which measured
-    alike: list[str] = field(default_factory=list)  # priors that scored every row alike
+    abstained: list[str] = field(default_factory=list)  # priors that scored every row alike
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "shape_id": self.shape_id, "n_rows": self.n_rows,
                 "best_spec": self.best_spec, "best_us": self.best_us,
                 "picks": {m: p.to_json() for m, p in self.picks.items()},
-                "missing": dict(self.missing), "scored_alike": list(self.alike),
+                "missing": dict(self.missing), "abstained": list(self.abstained),
                 "autotune_list": {"listed": self.listed, "measured": self.listed_measured}}
 
 
@@ -436,7 +551,7 @@ def summarize_shipped(shapes: Sequence[ShippedShape]) -> dict[str, Any]:
             "regret_worst": max(r) if r else None,
             "missing": dict(sorted(Counter(s.missing[m] for s in shapes
                                            if m in s.missing).items())),
-            "scored_alike": sum(1 for s in shapes if m in s.alike),
+            "abstained": sum(1 for s in shapes if m in s.abstained),
         }
         if m in WALKS:
             counts = [p.to_within for p in picks if p.to_within is not None]
@@ -549,13 +664,14 @@ def compare_shipped_shape(rows: Sequence[Row], *, learned: ShapeResult | None = 
     out = ShippedShape(kind=kind, shape_id=shape_id, n_rows=len(configs),
                        best_spec=str(best_row["spec"]), best_us=best)
     for name, result, top_k in ((LEARNED, learned, TOP_K), (TRANSFER, transfer, ())):
-        got = _prior_picks(result, name, best, top_k) if result is not None else {}
-        if result is not None and len(set(result.scores)) == 1:
-            out.alike.append(name)
+        abstained = result is not None and result.abstained
+        got = _prior_picks(result, name, best, top_k) if result and not abstained else {}
+        if abstained:
+            out.abstained.append(name)
         out.picks.update(got)
         for m in (name, *(f"{name}_top{k}" for k in top_k)):
             if m not in got:
-                out.missing[m] = NOT_EVALUATED
+                out.missing[m] = ABSTAINS if abstained else NOT_EVALUATED
     by_spec: dict[str, float] = {}
     for r in configs:  # a spec measured twice counts at its slower time
         spec, v = str(r["spec"]), float(r["value_us"])
@@ -655,43 +771,38 @@ def format_shipped(evals: Sequence[ShippedEval]) -> str:
         total = ev.summary()
         lines.append(f"[{ev.gpu}] against what people ship ({ev.regime}, {total['n_shapes']} "
                      f"shapes): regret = time of the pick / best measured configuration")
-        head = (f"  {'method':<14} {'shapes':>6} {'mean':>7} {'median':>7} {'worst':>7} "
-                f"{'within ' + format(WITHIN - 1, '.0%'):>10} {'measured':>8}  not picked")
-        lines += [head, "  " + "-" * (len(head) - 2)]
+        table = []
         for m in METHODS:
             e = total["methods"][m]
             within = f"{e['within']}/{e['n']}" if m in WALKS and e["n"] else "-"
-            walked = _f(e.get("to_within_median"), 1)
             missing = ", ".join(f"{why} {n}" for why, n in e["missing"].items())
-            lines.append(f"  {m:<14} {e['n']:>6} {_f(e['regret_mean']):>7} "
-                         f"{_f(e['regret_median']):>7} {_f(e['regret_worst']):>7} "
-                         f"{within:>10} {walked:>8}  {missing}".rstrip())
-        lines.append(f"  'measured': median measurements to come within {WITHIN - 1:.0%} of "
-                     "the best, over the shapes that do")
+            table.append([m, str(e["n"]), _f(e["regret_mean"]), _f(e["regret_median"]),
+                          _f(e["regret_worst"]), within, _f(e.get("to_within_median"), 1),
+                          missing])
+        lines += _table(table, ("method", "shapes", "mean", "median", "worst",
+                                f"within {WITHIN - 1:.0%}", "measured", "not picked"),
+                        left=(0, 7))
         listed = total["autotune_list"]
-        if listed["listed"]:
-            lines.append(f"  autotune list: {listed['measured']} of the {listed['listed']} "
-                         "configurations listed for these shapes measured")
-        cols = "".join(f" {COLUMNS[m]:>10}" for m in METHODS)
+        lines.append(f"  measured: median measurements to within {WITHIN - 1:.0%} of the best "
+                     "(shapes that get there)"
+                     + (f"; {listed['measured']} of {listed['listed']} autotune-list "
+                        "configurations measured" if listed["listed"] else ""))
         (a1, b1), (a2, b2) = WIN_RATES
-        w1, w2 = f"{COLUMNS[a1]}<={COLUMNS[b1][:4]}", f"{COLUMNS[a2]}<={COLUMNS[b2][:4]}"
-        head = f"  {'kind':<12} {'shapes':>6}{cols} {w1:>13} {w2:>13}"
-        lines += ["  mean/median regret per kind:", head, "  " + "-" * (len(head) - 2)]
+        heads = ("kind", "shapes", *(COLUMNS[m] for m in METHODS),
+                 f"{COLUMNS[a1]}<={COLUMNS[b1][:4]}", f"{COLUMNS[a2]}<={COLUMNS[b2][:4]}")
+        table = []
         for kind, s in [*((k, ev.summary(k)) for k in ev.kinds), ("all", total)]:
-            cells = "".join(f" {_mm(s['methods'][m]):>10}" for m in METHODS)
-            rates = [s["win_rates"][f"{a}<={b}"] for a, b in WIN_RATES]
-            lines.append(f"  {kind:<12} {s['n_shapes']:>6}{cells} {_win(rates[0]):>13} "
-                         f"{_win(rates[1]):>13}")
+            table.append([kind, str(s["n_shapes"]), *(_mm(s["methods"][m]) for m in METHODS),
+                          *(_win(s["win_rates"][f"{a}<={b}"]) for a, b in WIN_RATES)])
+        lines.append("  mean/median regret per kind:")
+        lines += _table(table, heads)
+        rates = []
         for a, b in WIN_RATES:
             r = total["win_rates"][f"{a}<={b}"]
-            lines.append(f"  {a} at least as fast as {b}: "
+            rates.append(f"{a} at least as fast as {b} on "
                          + (f"{r['wins']} of {r['n']} shapes ({r['rate']:.0%})" if r["n"]
-                            else "no shape has both"))
-        for m in (LEARNED, TRANSFER):
-            n = total["methods"][m]["scored_alike"]
-            if n:
-                lines.append(f"  {m} scored every row alike on {n} of the shapes (it has no "
-                             "opinion there): its pick is the slowest row")
+                            else "no shape (none has both)"))
+        lines.append("  " + "; ".join(rates))
         if ev.learned is None:
             lines.append(f"  the {LEARNED} prior was not evaluated (--prior {LEARNED} adds it)")
         lines.append("")
@@ -708,11 +819,31 @@ class EvalRequest:
     db: Any  # a path
     gpu: str | None = None  # alias or canonical name
     kinds: list[str] | None = None
-    regime: str = "deployable"
+    regime: str | None = None  # None: the one the table holds (:func:`table_regime`)
     priors: list[str] = field(default_factory=list)
     anchors_dir: Any = None  # a path; None: harness/goldens/anchors
     seed: int = 0
     min_rows: int = MIN_ROWS
+    folds: int = FOLDS
+
+
+@dataclass
+class EvalRun:
+    """What :func:`run_request` gives back: the results, every row read, and the regime
+    evaluated (the one asked for, or the table's)."""
+
+    blocks: list[CardEval]
+    rows: list[dict[str, Any]]
+    regime: str
+
+
+def table_regime(rows: Iterable[Row]) -> str:
+    """The regime to evaluate when none is asked for: ``deployable`` where the table holds
+    any such rows (the only regime priors train on), else the one it holds."""
+    from harness.store import REGIMES
+
+    have = {str(r.get("regime")) for r in rows}
+    return next((reg for reg in REGIMES if reg in have), REGIMES[0])
 
 
 def resolve_gpu(value: str, known: Iterable[str]) -> str:
@@ -732,9 +863,9 @@ def resolve_gpu(value: str, known: Iterable[str]) -> str:
         ) from None
 
 
-def run_request(req: EvalRequest, *, allow_empty: bool = False
-                ) -> tuple[list[CardEval], list[dict[str, Any]]]:
-    """Read the DB, build the priors, evaluate; returns the results and every row read.
+def run_request(req: EvalRequest, *, allow_empty: bool = False,
+                progress: Progress | None = None) -> EvalRun:
+    """Read the DB, build the priors, evaluate.
 
     Raises :class:`RequestError` (or :class:`harness.priors.PriorError`) for what the user must
     fix: a missing DB, an unknown card, kind or prior, a regime the table has no rows of
@@ -749,8 +880,11 @@ def run_request(req: EvalRequest, *, allow_empty: bool = False
     db = Path(req.db)
     if not db.is_file():
         raise RequestError(f"no node table at {db} (give --db, or set $EMMY_TUNE_DB)")
-    if req.regime not in REGIMES:
+    if req.regime is not None and req.regime not in REGIMES:
         raise RequestError(f"--regime {req.regime!r}; valid regimes: {', '.join(REGIMES)}")
+    if req.folds < 0:
+        raise RequestError(f"--folds {req.folds}: give a number of folds, or 0 for one fold "
+                           f"per shape (leave-one-shape-out; the default is {FOLDS})")
     for kind in req.kinds or ():
         if kind not in kind_registry.names():
             raise RequestError(f"--kind {kind!r}; valid kinds: {', '.join(kind_registry.names())}")
@@ -759,21 +893,22 @@ def run_request(req: EvalRequest, *, allow_empty: bool = False
     built = [prior_registry.make(name, ctx) for name in (req.priors or prior_registry.DEFAULT_PRIORS)]
     with NodeStore(db) as store:
         rows = store.rows()
-    in_regime = {str(r["gpu"]) for r in rows if r.get("regime") == req.regime}
+    regime = req.regime or table_regime(rows)
+    in_regime = {str(r["gpu"]) for r in rows if r.get("regime") == regime}
     if not in_regime and allow_empty:
-        return [], rows
+        return EvalRun([], rows, regime)
     if not in_regime:
         have = sorted({str(r.get("regime")) for r in rows})
-        raise RequestError(f"{db} has no {req.regime} rows"
-                        + (f" (it has {', '.join(have)} rows: try --regime {have[0]})" if have
-                           else " (it is empty)"))
+        raise RequestError(f"{db} has no {regime} rows"
+                           + (f" (it has {', '.join(have)} rows: try --regime {have[0]})" if have
+                              else " (it is empty)"))
     gpus = None
     if req.gpu:
         gpu = resolve_gpu(req.gpu, {str(r["gpu"]) for r in rows})
         if gpu not in in_regime:
-            raise RequestError(f"{db} has no {req.regime} rows of {gpu}; cards with {req.regime} "
-                            f"rows: {', '.join(sorted(in_regime))}")
+            raise RequestError(f"{db} has no {regime} rows of {gpu}; cards with {regime} "
+                               f"rows: {', '.join(sorted(in_regime))}")
         gpus = [gpu]
-    blocks = evaluate(rows, built, regime=req.regime, gpus=gpus, kinds=req.kinds,
-                      min_rows=req.min_rows)
-    return blocks, rows
+    blocks = evaluate(rows, built, regime=regime, gpus=gpus, kinds=req.kinds,
+                      min_rows=req.min_rows, folds=req.folds, progress=progress)
+    return EvalRun(blocks, rows, regime)

@@ -6,17 +6,25 @@ Per card × regime:
   regime the table holds;
 - ``distance-<card>.png``: each ok row's time over its shape's best, against the knob
   distance of its spec to the nearest anchor of that shape (any card's);
+- ``regret-<card>.png``, for the regime evaluated: per kind (and over all shapes), each
+  prior's regret on every shape it has a pick on (dots) and their mean (a bar), on a log
+  axis; shapes a prior abstains on are counted under the panel, not drawn;
 - ``priors-<card>.png``: one panel per prior × mode: predicted against measured µs on log
   axes for priors that predict times, else the measured time over the best against the
   row's rank in the prior's order inside its shape;
 - ``shipped-<card>.png``, where the table holds shipped configurations or baselines
   (:func:`harness.evaluate.compare_shipped`): per kind, the mean regret of each method (the
   learned prior's top-1, top-3 and top-8, the shipped heuristic, the autotune list, the
-  transfer prior, torch and torch.compile) on a log axis.
+  transfer prior, torch and torch.compile) on a log axis;
+- ``baselines-<card>.png``, where torch's op or ``torch.compile`` was measured: per shape,
+  the best configuration's time in µs against torch's and torch.compile's (and the learned
+  prior's pick), shapes grouped by kind, on a log axis.
 
 ``index.html`` gathers them with the eval tables: plain HTML, images referenced by file name,
 no scripts, styles or fonts from anywhere else.  Matplotlib draws through its Agg canvas
-(``Figure`` objects, never pyplot), so no display is needed.
+(``Figure`` objects, never pyplot), so no display is needed: PNGs any browser, CI artifact
+viewer or chat shows, with log axes and legends that hand-written SVG would have to
+re-implement.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from typing import Any
 from harness.evaluate import (
     COLUMNS,
     METHODS,
+    SHAPE_OUT,
     WALKS,
     WIN_RATES,
     WITHIN,
@@ -154,7 +163,7 @@ def plot_distance(path: Path, title: str, points: Sequence[tuple[int, float, str
 
 def _within_shape_rank(e: PriorEval) -> tuple[list[float], list[float]]:
     xs, ys = [], []
-    for s in e.shapes:
+    for s in e.scored:
         order = sorted(range(s.n_rows), key=lambda i: s.scores[i])
         for rank, i in enumerate(order):
             xs.append(rank / max(1, s.n_rows - 1))
@@ -233,18 +242,126 @@ def plot_shipped(path: Path, title: str, ev: ShippedEval) -> Path:
     return path
 
 
+RATIO_TICKS = (1.0, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
+
+
+def _ratio_ticks(ax: Any) -> None:
+    """Plain ratio labels (1.1, 2, 10) on a log y axis, not powers of ten."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, StrMethodFormatter
+
+    lo, hi = ax.get_ylim()
+    gap = 0.06 * math.log(max(hi / lo, 1.01))  # labels at least 6% of the axis apart
+    ticks: list[float] = []
+    for t in RATIO_TICKS:
+        if lo <= t <= hi and (not ticks or math.log(t / ticks[-1]) >= gap):
+            ticks.append(t)
+    ticks = ticks or [1.0]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+PRIOR_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def plot_regret(path: Path, title: str, evals: Sequence[PriorEval]) -> Path:
+    """Per kind and over all shapes: each prior's regret on every shape it picks on (dots,
+    jittered) and their mean (a bar), on a log axis.  Shapes a prior abstains on are not
+    drawn; the legend counts them."""
+    kinds = sorted({s.kind for e in evals for s in e.shapes})
+    groups = [*kinds, "all"]
+    n = max(1, len(evals))
+    width = 0.8 / n
+    fig = _figure(max(7.0, 0.35 * n * len(groups) + 2.5), 4.6)
+    ax = fig.add_subplot()
+    rng = random.Random(0)  # jitter only: the same picture every run
+    for j, e in enumerate(evals):
+        color = PRIOR_COLORS[j % len(PRIOR_COLORS)]
+        label = e.prior + (f" ({e.mode})" if e.mode != "shape-out" else "")
+        if e.abstained:
+            label += f", abstains on {len(e.abstained)}"
+        first = True
+        for x, kind in enumerate(groups):
+            regrets = [s.regret for s in e.scored
+                       if s.regret is not None and (kind == "all" or s.kind == kind)]
+            if not regrets:
+                continue
+            centre = x - 0.4 + width * (j + 0.5)
+            ax.scatter([centre + rng.uniform(-0.3, 0.3) * width for _ in regrets], regrets,
+                       s=9, alpha=0.55, color=color, linewidths=0, zorder=3)
+            mean = sum(regrets) / len(regrets)
+            ax.hlines(mean, centre - 0.45 * width, centre + 0.45 * width, color=color,
+                      linewidth=2.5, zorder=4, label=label if first else None)
+            first = False
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    for x in range(1, len(groups)):
+        ax.axvline(x - 0.5, color="#dddddd", linewidth=0.6)
+    ax.set_yscale("log")
+    _ratio_ticks(ax)
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    counts = {k: len({s.shape_id for e in evals for s in e.shapes if s.kind == k}) for k in kinds}
+    counts["all"] = len({s.shape_id for e in evals for s in e.shapes})
+    ax.set_xticks(range(len(groups)), [f"{k}\n({counts[k]})" for k in groups], fontsize=8)
+    ax.set_ylabel("regret (time of the pick / best; bar = mean)")
+    ax.set_title(title, fontsize=10)
+    if evals:
+        ax.legend(fontsize=7, ncol=min(4, n), loc="upper left")
+    fig.savefig(path)
+    return path
+
+
+BASELINE_STYLE = {"best": ("best configuration", "black", "|", 90),
+                  "learned": ("learned pick", "#1f77b4", "o", 22),
+                  "torch": ("torch", "#2ca02c", "D", 22),
+                  "compile": ("torch.compile", "#7f7f7f", "s", 22)}
+
+
+def plot_baselines(path: Path, title: str, ev: ShippedEval) -> Path:
+    """Per shape with torch's op or torch.compile measured: the best configuration's time
+    against theirs (and the learned prior's pick), in µs on a log axis, shapes grouped by
+    kind (one row each, fastest best first within a kind)."""
+    shapes = sorted((s for s in ev.shapes if "torch" in s.picks or "compile" in s.picks),
+                    key=lambda s: (s.kind, s.best_us, s.shape_id))
+    fig = _figure(8.0, max(3.0, 0.24 * len(shapes) + 1.6))
+    ax = fig.add_subplot()
+    ys = list(range(len(shapes)))
+    for key, (label, color, marker, size) in BASELINE_STYLE.items():
+        pts = [(y, s.best_us if key == "best" else s.picks[key].value_us)
+               for y, s in zip(ys, shapes, strict=True) if key == "best" or key in s.picks]
+        if pts:
+            ax.scatter([v for _, v in pts], [y for y, _ in pts], marker=marker, s=size,
+                       color=color, label=label, zorder=3,
+                       linewidths=1.5 if marker == "|" else 0.4,
+                       edgecolors=None if marker == "|" else "black")
+    for y, (a, b) in enumerate(zip(shapes, shapes[1:], strict=False)):
+        if a.kind != b.kind:
+            ax.axhline(y + 0.5, color="#dddddd", linewidth=0.6)
+    ax.set_xscale("log")
+    ax.set_yticks(ys, [s.shape_id for s in shapes], fontsize=6)
+    ax.set_ylim(len(shapes) - 0.5, -0.5)  # the first kind on top
+    ax.set_xlabel("time (us)")
+    ax.set_title(title if shapes else f"{title}\n(no baseline measured)", fontsize=10)
+    if shapes:
+        ax.legend(fontsize=7, loc="lower right")
+    fig.savefig(path)
+    return path
+
+
 # ---------------------------------------------------------------- index.html
 
 
 def _eval_table(block: CardEval) -> str:
-    head = ("<tr><th>prior</th><th>mode</th><th>shapes</th><th>Spearman median</th>"
-            "<th>rho n</th><th>regret mean</th><th>median</th><th>worst</th>"
-            "<th>&gt;1.2x</th></tr>")
+    head = ("<tr><th>prior</th><th>mode</th><th>shapes</th><th>abstains</th>"
+            "<th>Spearman median</th><th>rho n</th><th>regret mean</th><th>median</th>"
+            "<th>worst</th><th>&gt;1.2x</th></tr>")
     body = []
     for e in block.evals:
         s = e.summary()
-        cells = [e.prior, e.mode, s["n_shapes"], s["spearman_median"], s["n_spearman"],
-                 s["regret_mean"], s["regret_median"], s["regret_worst"], len(e.misses)]
+        mode = e.mode + (f" ({e.folds} folds)" if e.folds else "")
+        cells = [e.prior, mode, s["n_shapes"], s["n_abstained"], s["spearman_median"],
+                 s["n_spearman"], s["regret_mean"], s["regret_median"], s["regret_worst"],
+                 len(e.misses)]
         body.append("<tr>" + "".join(
             f"<td>{'-' if c is None else f'{c:.3f}' if isinstance(c, float) else html.escape(str(c))}</td>"
             for c in cells) + "</tr>")
@@ -254,7 +371,13 @@ def _eval_table(block: CardEval) -> str:
               for e in block.evals for m in e.misses]
     skipped = [f"<li><code>{html.escape(s)}</code>: {n} ok rows</li>"
                for _, s, n in block.skipped]
+    abstained = [f"<li>{html.escape(e.prior)}/{e.mode}: "
+                 + ", ".join(f"<code>{html.escape(s.shape_id)}</code>" for s in e.abstained)
+                 + "</li>" for e in block.evals if e.abstained]
     out = [f"<table>{head}{''.join(body)}</table>"]
+    if abstained:
+        out.append("<p>Abstains (every row of the shape scored alike: no opinion, no pick; "
+                   f"left out of the prior's figures):</p><ul>{''.join(abstained)}</ul>")
     if misses:
         out.append(f"<p>Misses best (pick &gt; 1.2x the best):</p><ul>{''.join(misses)}</ul>")
     if skipped:
@@ -304,10 +427,10 @@ def _shipped_table(ev: ShippedEval) -> str:
         notes.append(f"Autotune list: {listed['measured']} of the {listed['listed']} "
                      "configurations listed for these shapes measured.")
     for m in ("learned", "transfer"):
-        n = total["methods"][m]["scored_alike"]
+        n = total["methods"][m]["abstained"]
         if n:
-            notes.append(f"{m} scored every row alike on {n} of the shapes (it has no opinion "
-                         "there): its pick is the slowest row.")
+            notes.append(f"{m} abstains on {n} of the shapes (every row scored alike: no "
+                         "opinion); they are left out of its figures.")
     if ev.learned is None:
         notes.append("The learned prior was not evaluated: its columns are empty.")
     return "\n".join([f"<table>{head}{''.join(body)}</table>",
@@ -345,12 +468,22 @@ def write_report(out_dir: Path, rows: Sequence[Row], blocks: Sequence[CardEval],
         parts.append(f'<h3>Time against distance to the nearest anchor</h3>'
                      f'<img src="{img.name}" alt="distance plot of {html.escape(gpu)}">')
         block = by_card.get((gpu, reg))
-        if block is not None and block.evals and block.evaluated:
+        if block is None:
+            parts.append(f"<p>Priors not evaluated on {html.escape(reg)} rows "
+                         f"(this report evaluates the {html.escape(regime)} regime; "
+                         f"<code>--regime {html.escape(reg)}</code> evaluates these).</p>")
+        elif block.evals and block.evaluated:
             parts.append(f"<h3>Priors</h3>{_eval_table(block)}")
+            shape_out = [e for e in block.evals if e.mode == SHAPE_OUT]
+            img = plot_regret(out_dir / f"regret-{name}.png",
+                              f"{gpu} ({reg}): regret per prior and kind", shape_out)
+            parts.append(f'<h3>Regret per prior and kind</h3><img src="{img.name}" '
+                         f'alt="regret per prior and kind on {html.escape(gpu)}">')
             img = plot_priors(out_dir / f"priors-{name}.png",
                               f"{gpu} ({reg}): predicted against measured", block.evals)
-            parts.append(f'<img src="{img.name}" alt="priors on {html.escape(gpu)}">')
-        elif block is not None:
+            parts.append(f'<h3>Predicted against measured</h3><img src="{img.name}" '
+                         f'alt="priors on {html.escape(gpu)}">')
+        else:
             parts.append(f"<p>No shape has {block.min_rows} ok rows: nothing to evaluate.</p>")
         ev = versus.get((gpu, reg))
         if ev is not None:
@@ -360,10 +493,13 @@ def write_report(out_dir: Path, rows: Sequence[Row], blocks: Sequence[CardEval],
             parts.append(f"<h3>Against what people ship</h3>{_shipped_table(ev)}"
                          f'<img src="{img.name}" alt="shipped configurations on '
                          f'{html.escape(gpu)}">')
-        else:
-            parts.append(f"<p>Priors not evaluated on {html.escape(reg)} rows "
-                         f"(this report evaluates the {html.escape(regime)} regime; "
-                         f"<code>--regime {html.escape(reg)}</code> evaluates these).</p>")
+            if any(m in s.picks for s in ev.shapes for m in ("torch", "compile")):
+                img = plot_baselines(out_dir / f"baselines-{name}.png",
+                                     f"{gpu}: best configuration, torch, torch.compile",
+                                     ev)
+                parts.append(f'<h3>Best time per shape against torch and torch.compile</h3>'
+                             f'<img src="{img.name}" alt="best time per shape against torch '
+                             f'on {html.escape(gpu)}">')
         sections.append("\n".join(parts))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     doc = "\n".join([

@@ -29,7 +29,9 @@ from harness.evaluate import (
     evaluate,
     format_text,
     pick,
+    shape_folds,
     spearman,
+    table_regime,
     to_json,
 )
 from harness.goldens import Anchor
@@ -175,12 +177,55 @@ def test_oracle_is_perfect_and_reversed_is_backwards(tmp_path: Path) -> None:
     assert rev.summary()["regret_mean"] == pytest.approx(3.5)
 
 
-def test_constant_scores_pick_the_worst_and_have_no_spearman(tmp_path: Path) -> None:
+def test_constant_scores_abstain_and_ties_pick_the_slowest(tmp_path: Path) -> None:
     rows = _stored(_db(tmp_path, _simple([5.0, 2.0, 8.0, 4.0])))
     (block,) = evaluate(rows, [Constant()])
     (shape,) = block.evals[0].shapes
-    assert shape.regret == pytest.approx(4.0) and shape.pick_us == 8.0
-    assert shape.spearman is None and block.evals[0].spearman_median is None
+    assert shape.abstained and (shape.regret, shape.pick_spec, shape.spearman) == (None, None, None)
+    s = block.evals[0].summary()
+    assert (s["n_shapes"], s["n_abstained"], s["regret_mean"], s["spearman_median"]) == (
+        1, 1, None, None)
+
+    class TwoLevels(Constant):
+        """Scores the two slowest rows 0 and the rest 1: an opinion, with a tie."""
+
+        def score(self, rows: Sequence[Any]) -> list[float]:
+            return [0.0 if r["value_us"] >= 5.0 else 1.0 for r in rows]
+
+    (block,) = evaluate(rows, [TwoLevels()])
+    (shape,) = block.evals[0].shapes
+    assert not shape.abstained and shape.regret == pytest.approx(4.0) and shape.pick_us == 8.0
+
+
+class Opinionated(Constant):
+    """No opinion (NaN) on the M=64 shape; exactly right elsewhere."""
+
+    name = "opinionated"
+
+    def score(self, rows: Sequence[Any]) -> list[float]:
+        return [math.nan if r["shape_id"] == "matmul_M64_N64_K64_bf16" else r["value_us"]
+                for r in rows]
+
+
+def test_an_abstaining_prior_is_left_out_of_its_means(tmp_path: Path) -> None:
+    rows = _stored(_db(tmp_path, _simple([5.0, 2.0, 8.0, 4.0]) + _simple([1.0, 3.0, 2.0], m=128)))
+    (block,) = evaluate(rows, [Opinionated(), Reversed()])
+    mine, rev = block.evals
+    assert [s.shape_id for s in mine.abstained] == ["matmul_M64_N64_K64_bf16"]
+    s = mine.summary()
+    # the shape it abstains on (whose slowest row is 4x the best) counts in no figure
+    assert (s["n_shapes"], s["n_abstained"], s["n_spearman"]) == (2, 1, 1)
+    assert (s["regret_mean"], s["regret_worst"], s["spearman_median"]) == (1.0, 1.0, 1.0)
+    assert mine.misses == [] and rev.summary()["n_abstained"] == 0
+    data = json.loads(json.dumps(to_json([block])))
+    ev = data["cards"][0]["evaluations"][0]
+    assert ev["abstained"] == ["matmul_M64_N64_K64_bf16"] and ev["regret_mean"] == 1.0
+    text = format_text([block])
+    line = next(ln.split() for ln in text.splitlines() if ln.strip().startswith("opinionated"))
+    assert line[1:5] == ["shape-out", "2", "1", "1.000"]
+    assert "abstains: every row of the shape scored alike" in text
+    assert "opinionated/shape-out abstains on: matmul_M64_N64_K64_bf16" in format_text(
+        [block], verbose=True)
 
 
 def test_shape_with_two_ok_rows_is_skipped_and_failures_do_not_count(tmp_path: Path) -> None:
@@ -190,8 +235,9 @@ def test_shape_with_two_ok_rows_is_skipped_and_failures_do_not_count(tmp_path: P
     assert [s for _, s, _ in block.skipped] == ["matmul_M128_N64_K64_bf16"]
     assert block.skipped[0][2] == 2
     assert len(block.evaluated) == 1 and (block.nodes, block.ok) == (6, 5)
-    text = format_text([block])
-    assert "skipped matmul_M128_N64_K64_bf16: 2 ok rows (needs 3)" in text
+    assert "skipped matmul_M128_N64_K64_bf16: 2 ok rows (needs 3)" in format_text(
+        [block], verbose=True)
+    assert "skipped 1 shape with fewer than 3 ok rows" in format_text([block])
 
 
 def test_deployable_only_unless_asked(tmp_path: Path) -> None:
@@ -261,11 +307,11 @@ def test_transfer_uses_other_cards_anchors_only(tmp_path: Path) -> None:
     # distance to the L40S anchor (BLOCK_M=64,num_warps=8), never to H200's own
     assert dict(by_shape[sid]) == {"BLOCK_M=16,num_warps=4": 2.0, "BLOCK_M=32,num_warps=4": 2.0,
                                    "BLOCK_M=48,num_warps=4": 2.0, "BLOCK_M=64,num_warps=4": 1.0}
-    # no other-card anchor: one constant score, so the regret is the shape's worst
+    # no other-card anchor: one constant score, so the prior abstains on that shape
     assert {s for _, s in by_shape["matmul_M128_N64_K64_bf16"]} == {0.0}
     (block,) = evaluate(rows, [p])
     far = next(s for s in block.evals[0].shapes if s.shape_id == "matmul_M128_N64_K64_bf16")
-    assert far.regret == pytest.approx(3.0)
+    assert far.abstained and block.evals[0].summary()["n_abstained"] == 1
 
 
 def test_roofline_ranks_within_a_shape_by_the_knobs() -> None:
@@ -473,13 +519,23 @@ def test_cli_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
                         "--prior", f"{plugin}:Reversed")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == f"[{H200.name}] 9 nodes (deployable: 9 ok, 0 failed)"
-    assert "2 shapes evaluated (>= 3 ok rows), 1 skipped" in out
+    # the table has deployable rows: those are evaluated, the interpret ones are not
+    assert lines[0] == f"[{H200.name}] deployable: 9 rows, 9 ok, 0 failed"
+    assert "2 shapes evaluated (>= 3 ok configurations), 1 skipped" in out
     oracle = next(line.split() for line in lines if line.strip().startswith("oracle"))
-    assert oracle[1:] == ["shape-out", "2", "1.000", "2", "1.000", "1.000", "1.000", "0"]
+    assert oracle[1:] == ["shape-out", "2", "-", "1.000", "1.000", "1.000", "1.000", "0"]
     reversed_ = next(line.split() for line in lines if line.strip().startswith("reversed"))
-    assert reversed_[3] == "-1.000" and reversed_[-1] == "2"
-    assert "misses best" in out and "Triton CPU interpreter" not in out
+    assert reversed_[4] == "-1.000" and reversed_[-1] == "2"
+    assert "Triton CPU interpreter" not in out
+    # the per-shape lists only with -v
+    assert "misses best" not in out and "skipped matmul_M256" not in out
+    assert "picks over 1.2x the best (-v lists them" in out
+    assert "skipped 1 shape with fewer than 3 ok rows (-v lists them)" in out
+    code, verbose, _ = _cli(capsys, "eval", "--db", db, "--prior", "oracle",
+                            f"{plugin}:Reversed", "-v")
+    assert code == 0 and "misses best" in verbose
+    assert "reversed/shape-out matmul_M64_N64_K64_bf16: 4.00x" in verbose
+    assert "skipped matmul_M256_N64_K64_bf16: 2 ok rows (needs 3)" in verbose
 
     code, out, _ = _cli(capsys, "eval", "--db", db, "--gpu", "h200", "--json", "--prior", "oracle")
     data = json.loads(out)
@@ -496,10 +552,26 @@ def test_cli_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     assert json.loads(json.dumps(to_json([]))) == {"miss_ratio": 1.2, "cards": []}
 
 
+def test_the_regime_is_the_tables_unless_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(_db(tmp_path, _simple([4.0, 1.0, 2.0], card=INTERPRETER, m=32)))
+    code, out, _ = _cli(capsys, "eval", "--db", db, "--prior", "oracle")
+    assert code == 0 and out.startswith(f"[{INTERPRETER.name}] interpret: 3 rows, 3 ok")
+    code, out, _ = _cli(capsys, "eval", "--db", db, "--prior", "oracle", "--json")
+    assert json.loads(out)["regime"] == "interpret"
+    both = _stored(_db(tmp_path, _simple([4.0, 1.0, 2.0], card=INTERPRETER, m=32)
+                       + _simple([5.0, 2.0, 8.0]), "both.db"))
+    assert table_regime(both) == "deployable"  # the only regime priors train on
+    assert table_regime([r for r in both if r["regime"] == "interpret"]) == "interpret"
+    assert table_regime([]) == "deployable"
+
+
 def test_cli_errors_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = str(_db(tmp_path, _simple([4.0, 1.0, 2.0], card=INTERPRETER, m=32)))
-    code, _, err = _cli(capsys, "eval", "--db", db)
+    code, _, err = _cli(capsys, "eval", "--db", db, "--regime", "deployable")
     assert code == 2 and "has no deployable rows (it has interpret rows: try --regime interpret)" in err
+    code, _, err = _cli(capsys, "eval", "--db", db, "--folds", "-1")
+    assert code == 2 and "--folds -1: give a number of folds, or 0 for one fold per shape" in err
     code, _, err = _cli(capsys, "eval", "--db", db, "--regime", "interpret", "--gpu", "h300")
     assert code == 2 and "--gpu 'h300' names no card; aliases: l40s" in err
     code, _, err = _cli(capsys, "eval", "--db", db, "--regime", "interpret", "--kind", "conv")
@@ -524,8 +596,9 @@ def test_eval_of_a_real_interpret_run(tmp_path: Path) -> None:
     merge = subprocess.run([sys.executable, "-m", "harness", "merge", str(rows), "--db", str(db),
                             "--no-backup"], capture_output=True, text=True, cwd=ROOT, env=env)
     assert merge.returncode == 0, merge.stderr
-    out = subprocess.run([sys.executable, "-m", "harness", "eval", "--db", str(db), "--regime",
-                          "interpret", "--json", "--prior", "oracle", "roofline", "transfer"],
+    # the table holds interpret rows only: eval evaluates them without --regime
+    out = subprocess.run([sys.executable, "-m", "harness", "eval", "--db", str(db),
+                          "--json", "--prior", "oracle", "roofline", "transfer"],
                          capture_output=True, text=True, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -539,7 +612,7 @@ def test_eval_of_a_real_interpret_run(tmp_path: Path) -> None:
     assert card["gpu"] == "Triton CPU interpreter" and card["regime"] == "interpret"
     for ev in card["evaluations"]:
         assert {s["shape_id"] for s in ev["shapes"]} == expected
-        assert all(s["regret"] >= 1.0 for s in ev["shapes"])
+        assert all(s["abstained"] or s["regret"] >= 1.0 for s in ev["shapes"])
     oracle = next(e for e in card["evaluations"] if e["prior"] == "oracle")
     assert oracle["regret_worst"] == 1.0
 
@@ -549,3 +622,96 @@ def test_learned_refuses_a_bag_or_feature_share_it_cannot_use() -> None:
         LearnedPrior(bag=0)
     with pytest.raises(ValueError, match=r"max_features in \(0, 1\] .got 1.5"):
         LearnedPrior(max_features=1.5)
+
+
+# ---------------------------------------------------------------- folds, progress, output size
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["attention", "matmul", "reduce", "softmax"]),
+                          st.integers(1, 40)), unique=True, max_size=60),
+       st.integers(0, 12))
+def test_shape_folds_partition_the_shapes_holding_out_few_of_a_kind(
+        shapes: list[tuple[str, int]], folds: int) -> None:
+    keys = [(kind, f"{kind}_{i}") for kind, i in shapes]
+    dealt = shape_folds(keys, folds)
+    flat = [k for fold in dealt for k in fold]
+    assert sorted(flat) == sorted(keys) and len(flat) == len(set(flat))  # a partition
+    assert all(dealt)  # no empty fold
+    if folds == 0 or folds >= len(keys):
+        assert all(len(f) == 1 for f in dealt)  # leave-one-shape-out
+        return
+    assert len(dealt) == folds
+    assert max(map(len, dealt)) - min(map(len, dealt)) <= 1
+    for kind in {k for k, _ in keys}:
+        n = sum(1 for k, _ in keys if k == kind)
+        assert max(sum(1 for k, _ in f if k == kind) for f in dealt) == -(-n // folds)
+
+
+def test_a_fold_is_scored_by_the_fit_that_did_not_see_it(tmp_path: Path) -> None:
+    ms = [16, 32, 64, 128, 256]
+    rows = _stored(_db(tmp_path, [r for m in ms for r in _simple([3.0, 1.0, 2.0], m=m)]))
+
+    class Blind(Recorder):
+        """Records each fit and, when scoring, that no row scored was in the last fit."""
+
+        def score(self, rows: Sequence[Any]) -> list[float]:
+            seen = self.fits[-1]
+            assert not any(f"{r['gpu']}|{r['shape_id']}" in seen for r in rows)
+            return [r["value_us"] for r in rows]
+
+    calls: list[tuple[str, int, int]] = []
+    prior = Blind()
+    (block,) = evaluate(rows, [prior], folds=2, progress=lambda *a: calls.append(a))
+    (ev,) = block.evals
+    assert ev.folds == 2 and len(prior.fits) == 2 and len(ev.shapes) == 5
+    # every shape trained on by exactly one of the two fits: the one it was not scored by
+    assert sorted(len(f) for f in prior.fits) == [2, 3]
+    what = f"[{H200.name}] recorder shape-out"
+    assert calls == [(what, 0, 2), (what, 1, 2), (what, 2, 2)]
+    prior = Blind()
+    (block,) = evaluate(rows, [prior], folds=0)
+    assert len(prior.fits) == 5 and block.evals[0].folds == 5
+
+
+QUICK_LEARNED = """
+from harness.priors.roofline import RooflinePrior
+
+
+class Quick(RooflinePrior):
+    '''Stands in for the learned prior: the roofline, refitted per fold.'''
+
+    name = "learned"
+    learns = True
+
+
+def make(ctx):
+    return Quick()
+"""
+
+
+def test_default_output_fits_a_screen_and_fits_go_to_stderr(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table of every golden H200 shape and kind, with shipped configurations and baselines,
+    as a sweep leaves it: stdout is the tables in at most 40 lines, the fits go by on stderr."""
+    from tests.bench_scripts import load
+
+    (tmp_path / "quick_prior.py").write_text(QUICK_LEARNED)
+    db = tmp_path / "big.db"
+    load("eval_table").build(db, n_rows=1500)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    cmd = [sys.executable, "-m", "harness", "eval", "--db", str(db), "--prior", "oracle",
+           "random", "transfer", "roofline", "quick_prior:make"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) <= 40, run.stdout
+    assert "shape-out (6 folds)" in run.stdout and "against what people ship" in run.stdout
+    assert "transfer" in run.stdout and "abstains" in run.stdout
+    assert "eval:" not in run.stdout
+    fits = [ln for ln in run.stderr.splitlines() if ln.startswith("eval: ")]
+    assert fits[-1].startswith(f"eval: [{H200.name}] learned shape-out: 6/6 fits")
+    verbose = subprocess.run(cmd + ["-v"], cwd=ROOT, capture_output=True, text=True, env=env,
+                             timeout=300)
+    assert verbose.returncode == 0 and "misses best" in verbose.stdout
+    assert len(verbose.stdout.splitlines()) > len(lines)

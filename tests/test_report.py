@@ -103,15 +103,49 @@ def test_report_writes_pngs_and_an_index_that_references_them(tmp_path: Path) ->
     srcs = re.findall(r'<img src="([^"]+)"', html)
     pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
     assert sorted(srcs) == pngs
-    # coverage + distance for the three card x regime blocks, priors for the two evaluated
-    assert len(pngs) == 3 + 3 + 2
+    # coverage + distance for the three card x regime blocks; regret per prior and kind and
+    # priors for the two evaluated
+    assert len(pngs) == 3 + 3 + 2 + 2
     for name in pngs:
         w, h = _png_size(tmp_path / "out" / name)
         assert w >= 300 and h >= 200 and (tmp_path / "out" / name).stat().st_size > 5000
-    assert "priors-nvidia-h200-141gb-deployable.png" in pngs
-    assert "<td>oracle</td><td>shape-out</td><td>1</td><td>1.000</td>" in html
+    assert {"priors-nvidia-h200-141gb-deployable.png",
+            "regret-nvidia-h200-141gb-deployable.png"} <= set(pngs)
+    assert "<td>oracle</td><td>shape-out</td><td>1</td><td>0</td><td>1.000</td>" in html
     assert "--regime interpret</code> evaluates these" in html
     assert "http" not in html and "<script" not in html  # no external assets
+
+
+def _sections(doc: str) -> dict[str, str]:
+    """index.html's sections by their card × regime heading."""
+    parts = doc.split("<h2>")[1:]
+    return {p.split("</h2>")[0]: p for p in parts}
+
+
+def test_a_section_with_a_priors_table_never_says_the_priors_were_not_evaluated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = _table(tmp_path)
+    for regime in ("interpret", "deployable"):
+        out = tmp_path / regime
+        assert main(["report", "--db", str(db), "--out", str(out), "--regime", regime,
+                     "--prior", "oracle", "random", "--min-rows", "2"]) == 0
+        sections = _sections((out / "index.html").read_text())
+        assert len(sections) == 3
+        for head, text in sections.items():
+            evaluated = f"({regime})" in head
+            assert ("<h3>Priors</h3>" in text) == evaluated, head
+            assert ("not evaluated" in text) != evaluated, head
+    capsys.readouterr()
+    # a table of interpret rows only: the report evaluates them without being asked
+    only = tmp_path / "interp.db"
+    with NodeStore(only) as s:
+        s.merge([_row(INTERPRETER, bm, 16, v) for bm, v in ((16, 900.0), (32, 400.0),
+                                                           (64, 500.0))])
+    assert main(["report", "--db", str(only), "--out", str(tmp_path / "r3"), "--prior",
+                 "oracle"]) == 0
+    doc = (tmp_path / "r3" / "index.html").read_text()
+    assert "<h3>Priors</h3>" in doc and "not evaluated" not in doc
+    assert "priors evaluated on the interpret regime" in doc
 
 
 def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

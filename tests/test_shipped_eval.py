@@ -17,6 +17,7 @@ from harness import kinds as registry
 from harness import shipped
 from harness.cards import INTERPRETER, by_alias
 from harness.evaluate import (
+    ABSTAINS,
     NO_RULE,
     NOT_EVALUATED,
     NOT_MEASURED,
@@ -204,12 +205,15 @@ def test_heuristic_not_measured_or_without_rule_is_not_counted(tmp_path: Path) -
     s2 = by_id[registry.get("matmul").shape_id(SHAPE2)]
     assert "heuristic" not in s2.picks and s2.missing["heuristic"] == NOT_MEASURED
     s3 = by_id[registry.get("softmax").shape_id(big)]
+    # every row scored 1: learned abstains there, no pick, none of its top-k either
     assert s3.missing == {"heuristic": NO_RULE, "autotune_list": "no list",
                           "transfer": NOT_EVALUATED, "torch": NOT_MEASURED,
-                          "compile": NOT_MEASURED}
-    assert s3.alike == ["learned"]  # every row scored 1: the slowest is the pick
-    assert s3.picks["learned"].regret == pytest.approx(5.0 / 3.0)
+                          "compile": NOT_MEASURED, "learned": ABSTAINS,
+                          "learned_top3": ABSTAINS, "learned_top8": ABSTAINS}
+    assert s3.abstained == ["learned"] and "learned" not in s3.picks
     total = ev.summary()
+    assert total["methods"]["learned"]["n"] == 2 and total["methods"]["learned"]["abstained"] == 1
+    assert total["methods"]["learned"]["missing"] == {ABSTAINS: 1}
     h = total["methods"]["heuristic"]
     assert h["n"] == 1 and h["regret_mean"] == 2.0
     assert h["missing"] == {NO_RULE: 1, NOT_MEASURED: 1}
@@ -288,7 +292,7 @@ def test_eval_prints_the_comparison(tmp_path: Path) -> None:
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     out = run.stdout
-    assert "2 of the ok rows are baselines, not configurations" in out
+    assert "2 ok baselines (not configurations)" in out
     head, table = out.split("against what people ship (deployable, 2 shapes)")
     lines: dict[str, list[str]] = {}
     for line in table.splitlines():
@@ -330,9 +334,12 @@ def test_report_has_the_comparison(tmp_path: Path) -> None:
     stored = _stored(_db(tmp_path, _shape1() + _shape2()))
     blocks = evaluate(stored, [Table(SCORES)])
     index = write_report(tmp_path / "out", stored, blocks, [])
-    png = next((tmp_path / "out").glob("shipped-*.png"))
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc = index.read_text()
-    assert "Against what people ship" in doc and f'src="{png.name}"' in doc
+    for plot in ("shipped", "baselines", "regret"):
+        png = next((tmp_path / "out").glob(f"{plot}-*.png"))
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f'src="{png.name}"' in doc
+    assert "Against what people ship" in doc
+    assert "Best time per shape against torch and torch.compile" in doc
     assert "<td>autotune_list</td><td>2</td><td>1.100</td>" in doc
     assert "<td>matmul</td><td>2</td><td>2.01 / 2.01</td>" in doc
