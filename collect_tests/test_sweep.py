@@ -47,9 +47,13 @@ def _sweep(sweep_job, collection, boxes, progress, record_property, request):
     try:
         result = collection.run_job(sweep_job, box, progress, nodeid=request.node.nodeid)
     except BoxUnusable as exc:  # a batch job that ended before its session: said once
-        pytest.skip(str(exc))
+        skipped = str(exc)
     except BoxError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        unusable = str(exc)
+    if skipped:
+        pytest.skip(skipped)
+    if unusable:
+        pytest.fail(unusable, pytrace=False)
     if result.skipped:
         pytest.skip(result.skipped)
     out = result.outcome

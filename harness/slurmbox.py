@@ -257,9 +257,9 @@ cd {q(self.path('repo'))} || exit 2
         if self.job_id is None:
             return None
         info = self.slurm.info(self.job_id) or self.job
-        said = [ln.strip() for ln in self.tail(self.path(f"slurm-{self.job_id}.out"), 20)
-                .splitlines() if "***" in ln]
-        what = info.describe() if info else "no longer known to Slurm"
+        said = [ln[ln.index("***"):].strip() for ln in
+                self.tail(self.path(f"slurm-{self.job_id}.out"), 20).splitlines() if "***" in ln]
+        what = info.describe() if info else "is no longer known to Slurm"
         return f"Slurm job {self.job_id} {what}" + (f": {said[-1]}" if said else "")
 
     def why_no_session(self) -> str:

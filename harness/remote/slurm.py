@@ -27,15 +27,15 @@ ALIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "R
                 "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STOPPED", "COMPLETING")
 # What Slurm's states of an ended job mean, for the summary.
 ENDED_STATES = {
-    "COMPLETED": "ended by itself",
-    "CANCELLED": "cancelled (scancel, or an administrator)",
-    "TIMEOUT": "ended at its time limit",
-    "PREEMPTED": "preempted",
-    "NODE_FAIL": "ended by a node failure",
+    "COMPLETED": "ended",
+    "CANCELLED": "was cancelled (scancel, by you or an administrator)",
+    "TIMEOUT": "reached its time limit",
+    "PREEMPTED": "was preempted",
+    "NODE_FAIL": "lost its node (a node failure)",
     "FAILED": "failed",
-    "OUT_OF_MEMORY": "ended out of memory",
-    "BOOT_FAIL": "its node failed to boot",
-    "DEADLINE": "ended at its deadline",
+    "OUT_OF_MEMORY": "ran out of memory",
+    "BOOT_FAIL": "could not boot its node",
+    "DEADLINE": "reached its deadline",
 }
 _JOB_ID = re.compile(r"^\d+$")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -64,16 +64,18 @@ class JobInfo:
         return self.state == "PENDING"
 
     def describe(self) -> str:
-        """``pending (Resources)``, ``running on node7``, ``cancelled (…)``, …"""
+        """``is pending (Resources)``, ``is running on node7``, ``was cancelled (…)``, …"""
         if not self.state:
-            return "no longer known to Slurm"
+            return "is no longer known to Slurm"
         if self.pending:
-            return f"pending ({self.reason or 'no reason given'})"
+            return f"is pending ({self.reason or 'no reason given'})"
         if self.state == "RUNNING":
-            return f"running on {self.node}" if self.node else "running"
-        word = ENDED_STATES.get(self.state, self.state.lower())
-        reason = f", reason {self.reason}" if self.reason and self.reason != "None" else ""
-        return f"{self.state} ({word}{reason})"
+            return f"is running on {self.node}" if self.node else "is running"
+        if self.alive:
+            return f"is {self.state.lower()}"
+        word = ENDED_STATES.get(self.state, f"ended ({self.state})")
+        reason = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        return f"{word}{reason}"
 
 
 def parse_squeue(job_id: str, line: str) -> JobInfo:
