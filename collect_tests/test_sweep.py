@@ -44,7 +44,16 @@ def _sweep(sweep_job, collection, boxes, progress, record_property, request):
         pytest.skip(skipped)
     if unusable:  # the message says what was wrong and what to do: no traceback
         pytest.fail(unusable, pytrace=False)
-    result = collection.run_job(sweep_job, box, progress, nodeid=request.node.nodeid)
+    try:
+        result = collection.run_job(sweep_job, box, progress, nodeid=request.node.nodeid)
+    except BoxUnusable as exc:  # a batch job that ended before its session: said once
+        skipped = str(exc)
+    except BoxError as exc:
+        unusable = str(exc)
+    if skipped:
+        pytest.skip(skipped)
+    if unusable:
+        pytest.fail(unusable, pytrace=False)
     if result.skipped:
         pytest.skip(result.skipped)
     out = result.outcome

@@ -32,6 +32,7 @@ from harness.contract import (
     ENDED,
     SAFE_NAME,
     SESSION_ENDED,
+    WRONG_CARD_RC,
     Entry,
     Layout,
     SessionSpec,
@@ -90,6 +91,8 @@ class BoxDriver:
     status: SessionStatus | None = None  # its newest status seen
     setup_session: str = field(init=False, default="")  # tmux session names of this box folder
     sweep_session: str = field(init=False, default="")
+
+    restarts = True  # a session whose service died may be started again (see the collection)
 
     def __post_init__(self) -> None:
         if self.base.startswith("~"):
@@ -162,13 +165,15 @@ if [ -e /dev/nvidiactl ]; then echo unknown; else echo cpu; fi
                             "sh", self.path("rows"), self.path("summary")])
         self.transport.put_tree(CODE_ROOT / "harness", self.path("repo", "harness"), _EXCLUDE)
 
-    def setup_script(self) -> str:
+    def setup_script(self, expect_card: str | None = None) -> str:
         """The setup run in tmux: find a Python with torch and Triton (``--box-python`` as it
         is, else the venv an earlier ``--box-install`` made), or make that venv with the pinned
         versions when ``--box-install`` asks; then probe.  One word lands in ``setup.status``:
         SETUP_OK (and ``python.path`` names the Python), NEED_TORCH (``setup.log`` lists the
-        Pythons that have them) or SETUP_FAIL."""
+        Pythons that have them), WRONG_CARD (the probe found another card than ``expect_card``,
+        a canonical card name: a batch job checks its node itself) or SETUP_FAIL."""
         q = shlex.quote
+        expect = f" --expect-card {q(expect_card)}" if expect_card else ""
         venv_py = self.path("venv", "bin", "python")
         check = "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
         install = (f"{q(self.python)} -m venv {q(self.path('venv'))} && "
@@ -196,8 +201,9 @@ if [ -z "$PY" ]; then
     v=$(timeout 120 "$p" -c {q(check)} 2>/dev/null) && echo "CANDIDATE $p ($v)"
   done
   echo NEED_TORCH > {status}.tmp
-elif printf '%s\n' "$PY" > {q(self.path('python.path'))} && cd {q(self.path('repo'))} && "$PY" -m harness.box probe --out {q(self.path('probe.json'))}; then
-  echo SETUP_OK > {status}.tmp
+elif printf '%s\n' "$PY" > {q(self.path('python.path'))} && cd {q(self.path('repo'))}; then
+  "$PY" -m harness.box probe --out {q(self.path('probe.json'))}{expect}
+  case $? in 0) echo SETUP_OK;; {WRONG_CARD_RC}) echo WRONG_CARD;; *) echo SETUP_FAIL;; esac > {status}.tmp
 else
   echo SETUP_FAIL > {status}.tmp
 fi
@@ -537,6 +543,21 @@ mv {status}.tmp {status}
         script = (f"tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null | grep -qF -- {shlex.quote(words)}"
                   f" && kill -{sig} -- {target} 2>/dev/null")
         return self.transport.run(["bash", "-c", script], check=False, timeout=60).rc == 0
+
+    def queue_note(self) -> str:
+        """How long the box waited before it began (a batch queue's wait); "" for a box that
+        does not queue."""
+        return ""
+
+    def gone_reason(self) -> str | None:
+        """Why the box's session is gone, where something else than the box says it (a batch
+        scheduler); None: nothing to add."""
+        return None
+
+    def describe(self) -> str:
+        """What the summary says of the box beside its card, where setup's time is not all
+        (a batch job: its id, node and wait in the queue); ""."""
+        return ""
 
     def _heartbeat(self) -> str:
         """What every poll touches: the box's lock (other controllers see it held)."""

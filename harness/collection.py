@@ -43,6 +43,7 @@ from harness.remote.tmux import Tmux
 from harness.remote.transport import LocalTransport
 from harness.rows import RejectedRows
 from harness.sessions import make_spec
+from harness.slurmbox import QUEUE_ALLOWANCE_S, SlurmDriver, slurm_base
 from harness.store import (
     MergeReceipt,
     NodeStore,
@@ -56,6 +57,7 @@ JobKey = tuple[str, Job]  # (--gpu token, job)
 # The controller's default limit on a card's session (--timeout-s): the budget and this much
 # per job (the box bounds each job within the grace of its allotment; the rest is slack).
 SLACK_PER_JOB_S = BUDGET_GRACE_S + 60.0
+SLURM_POLL_S = 30.0  # --poll-s with --provider slurm: one squeue a poll, kind to slurmctld
 
 
 class BoxUnusable(BoxError):
@@ -103,6 +105,7 @@ class BoxState:
     fetched: set[str] = field(default_factory=set)
     session_over: bool = False  # its last session ended and everything it ran is home
     stopped_by: str | None = None  # why the controller stopped the session (--timeout-s, …)
+    failed: str | None = None  # the box turned out unusable after it opened (a batch job)
     sessions: int = 1
     resumed: set[Job] = field(default_factory=set)  # jobs a new session took on after a death
     spent_before_s: float = 0.0  # box seconds charged by this run's earlier sessions
@@ -114,6 +117,8 @@ class BoxState:
         run of a job this run asked for (an entry names the rows file fetched home: a status
         that names anything else is not the service's)."""
         self.status = status
+        if status.regime:  # the service's own word (a batch job's box was not probed before)
+            self.probe["regime"] = status.regime
         asked = set(self.spec.jobs)
         for e in status.entries:
             if not (isinstance(e.slice, str) and isinstance(e.kind, str)) or e.job not in asked \
@@ -228,15 +233,21 @@ class Collection:
         for note in driver.lock.notes:
             progress(note)
             warnings.warn(CollectWarning(note), stacklevel=1)
-        self._check_card_early(gpu, driver)
+        queued = isinstance(driver, SlurmDriver)
+        if not queued:
+            self._check_card_early(gpu, driver)
         driver.settle_orphan(progress)
         leftovers = self._take_in_leftovers(driver, progress)
         progress(f"box {transport.name}: pushing the harness to {driver.base}")
         driver.push_code()
-        progress(f"box {transport.name}: setup in tmux session {driver.setup_session}")
-        probe = driver.setup()
-        card = self._check_card(gpu, probe)
-        progress(f"box {transport.name}: card {card.name} ({probe['regime']})")
+        if queued:  # the batch job sets up, probes and refuses a node with another card
+            card = cards.by_alias(gpu)
+            probe: dict[str, Any] = {"regime": card.regime, "card": card.name}
+        else:
+            progress(f"box {transport.name}: setup in tmux session {driver.setup_session}")
+            probe = driver.setup()
+            card = self._check_card(gpu, probe)
+            progress(f"box {transport.name}: card {card.name} ({probe['regime']})")
         record = owner_record(self.owner, run_id=self.run_id, db_id=self.db_id,
                               db_path=str(self.db_path), merge=self.merging, gpu=gpu)
         try:
@@ -249,12 +260,17 @@ class Collection:
         driver.start_run(self.run_id, record, self.ledger_path)
         jobs = [j for g, j in self.order if g == gpu]
         spec = self._spec(card, probe["regime"], jobs, self.opts.budget_s, self.run_id)
+        where = ("as a Slurm batch job" if queued else
+                 f"in tmux session {driver.sweep_session}")
         progress(f"box {transport.name}: starting the session ({len(jobs)} jobs, budget "
-                 f"{spec.budget_s:.0f}s) in tmux session {driver.sweep_session}")
+                 f"{spec.budget_s:.0f}s) {where}")
+        submitted = time.monotonic()
         driver.start_session(spec, progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, spec=spec,
                          setup_s=time.monotonic() - t0, leftovers=leftovers,
                          budget_s=self.opts.budget_s)
+        if queued:  # --timeout-s counts the queue's wait and the job's setup
+            state.started = submitted
         self.boxes[gpu] = state
         return state
 
@@ -332,6 +348,9 @@ class Collection:
         lease = self.leases.pop(gpu, None)
         if lease is None:
             return
+        if lease.provider == "slurm":
+            self._release_job(gpu, lease, progress)
+            return
         if self.opts.keep_server or self.interrupts.leaving:
             why = ("--keep-server" if self.opts.keep_server else
                    "left at once; it may hold rows not merged yet, which a run with this "
@@ -345,10 +364,30 @@ class Collection:
         progress(f"releasing {lease.target}")
         lease.release()
 
+    def _release_job(self, gpu: str, lease: Any, progress: Callable[[str], None]) -> None:
+        """This session's Slurm job ends with it: cancelled by its id if it still runs
+        (``scancel``), its lease then removed; leaving at once (a second Ctrl-C) leaves it
+        to run its session out, and says how to cancel it."""
+        driver = self.drivers.get(gpu)
+        on = "" if lease.target == "local" else f" on {lease.target}"
+        if self.interrupts.leaving or driver is None:
+            msg = (f"Slurm job {lease.handle} kept (left at once): it may still be measuring; "
+                   f"cancel it with: scancel {lease.handle}{on} (the next run with this node "
+                   "table merges its rows)")
+            progress(msg)
+            warnings.warn(CollectWarning(msg), stacklevel=1)
+            return
+        driver.stop()
+        if lease.path:
+            Path(lease.path).unlink(missing_ok=True)
+
     def _driver(self, gpu: str, progress: Callable[[str], None]) -> BoxDriver:
-        """A driver for the box: this machine, the ``--remote`` server, or a rented one."""
+        """A driver for the box: this machine, the ``--remote`` server, a rented one, or a
+        Slurm job submitted from the login node (this machine or ``--remote``)."""
         target = self.opts.remote_target
         rented: Any = None
+        if self.opts.provider == "slurm":
+            return self._slurm_driver(gpu, target)
         if self.opts.provider:
             target, rented = self._rent(gpu, progress)
         if target is None:
@@ -382,6 +421,48 @@ class Collection:
                            base=self.opts.box_dir or extra.get("box_dir") or DEFAULT_BASE,
                            python=python, install=self.opts.box_install,
                            poll_s=self.opts.poll_s or poll_s)
+        self.drivers[gpu] = driver
+        return driver
+
+    def _login_transport(self, target: Any) -> Any:
+        """This machine, or the ``--remote`` server (its host key must be known)."""
+        if target is None:
+            return LocalTransport()
+        from harness.remote.ssh import SSHTransport
+
+        o = self.opts
+        transport = SSHTransport(target, key_filename=Path(o.ssh_key).expanduser() if o.ssh_key
+                                 else None,
+                                 known_hosts=Path(o.known_hosts).expanduser() if o.known_hosts
+                                 else None, accept_new_host_key=o.accept_new_host_key)
+        try:
+            transport.connect()
+        except ConnectionError as exc:
+            raise BoxError(f"cannot reach --remote={o.remote}: {exc}") from None
+        return transport
+
+    def _slurm_driver(self, gpu: str, target: Any) -> SlurmDriver:
+        """The login node's driver for card ``gpu``'s batch job; its job id is leased (on
+        disk) the moment sbatch answers."""
+        from harness.remote.providers import Lease
+
+        o = self.opts
+        transport = self._login_transport(target)
+        base = slurm_base(o.box_dir, gpu)
+
+        def record(job_id: str) -> None:
+            lease = Lease(provider="slurm", gpu=gpu, target=o.remote or "local", handle=job_id,
+                          release_argv=["scancel", job_id], ssh_key=o.ssh_key,
+                          extra={"box_dir": base}, owner={**self.owner.__dict__},
+                          db_id=self.db_id if self.merging else None)
+            lease.save(self.leases_dir)
+            self.leases[gpu] = lease
+
+        driver = SlurmDriver(transport=transport, tmux=Tmux(transport, o.tmux_socket), base=base,
+                             python=o.box_python or (sys.executable if target is None
+                                                     else "python3"),
+                             install=o.box_install, poll_s=o.poll_s or SLURM_POLL_S,
+                             options=o.slurm, card=cards.by_alias(gpu), gpu=gpu, record=record)
         self.drivers[gpu] = driver
         return driver
 
@@ -434,7 +515,11 @@ class Collection:
                             if driver.lock is not None:
                                 driver.lock.release()
                 finally:
-                    driver.transport.close()
+                    try:
+                        if isinstance(driver, SlurmDriver):  # scancel runs on the login node
+                            self.release(gpu, progress)
+                    finally:
+                        driver.transport.close()
         finally:
             self.release(gpu, progress)
 
@@ -443,6 +528,15 @@ class Collection:
         watch it or end it (the next run with this node table ends it after its job in flight
         and merges its rows)."""
         d = box.driver
+        if isinstance(d, SlurmDriver):
+            line = (f"box {d.transport.name}: {d.describe()} may still be measuring (up to "
+                    f"{box.left_s():.0f}s of budget); watch it with `squeue -j {d.job_id}` and "
+                    f"`tail -f {d.path('sweep.log')}`, cancel it with `scancel {d.job_id}`, or "
+                    "let the next run with this node table merge its rows")
+            progress(line)
+            if self.harvest is not None:
+                self.harvest.left_running.append(line)
+            return
         sock = f" -L {d.tmux.socket}" if d.tmux.socket else ""
         on = "" if d.transport.name == "local" else f" on {d.transport.name}"
         line = (f"box {d.transport.name}: its session may still be measuring in tmux session "
@@ -497,6 +591,8 @@ class Collection:
         """When the controller stops the card's session (--timeout-s, from the end of setup;
         by default the budget and some slack per job: the box bounds itself)."""
         limit = self.opts.timeout_s or box.budget_s + SLACK_PER_JOB_S * (len(box.spec.jobs) + 1)
+        if not self.opts.timeout_s and isinstance(box.driver, SlurmDriver):
+            limit += self.opts.slurm.slurm_setup_s + QUEUE_ALLOWANCE_S
         return box.started + limit
 
     def _sayer(self, progress: Callable[[str], None], box: BoxState,
@@ -529,6 +625,9 @@ class Collection:
                 say(f"{e.allotment_s:.0f}s allotted")
 
         while True:
+            if box.failed:
+                raise BoxUnusable(f"box for --gpu={box.gpu} is unusable: see the first job's "
+                                  "failure")
             entry = box.entries.get(entry_id)
             if entry is not None and entry.final:
                 if entry.state == "died" and self._resumable(box, entry):
@@ -540,8 +639,14 @@ class Collection:
             if box.session_over:
                 return Entry(job.slice, job.kind, state="skipped",
                              reason=box.stopped_by or "the session ended before it ran")
-            why = box.driver.wait_entry(entry_id, self._deadline(box), on_line=say, mine=mine,
-                                        on_status=on_status)
+            try:
+                why = box.driver.wait_entry(entry_id, self._deadline(box), on_line=say, mine=mine,
+                                            on_status=on_status)
+            except BoxError as exc:  # a batch job that ended before its session began
+                box.failed = str(exc)
+                box.session_over = True
+                self.box_errors[box.gpu] = str(exc).splitlines()[0]
+                raise
             entry = box.entries.get(entry_id)
             if entry is not None and entry.final:
                 continue
@@ -564,10 +669,15 @@ class Collection:
     def _stop(self, box: BoxState, why: str, say: Callable[[str], None]) -> None:
         """Stop the session at its next point and bring what it measured home (a harvest
         trigger, not a failure)."""
+        waited = box.driver.queue_note() if box.status is None else ""
+        if waited:  # a batch job still waiting (or setting up): it measured nothing
+            why = f"{why} while {waited}"
         say(f"{why}: stopping the session and bringing its rows home")
         box.stopped_by = why
         open_ = {i for i, e in box.entries.items() if not e.final}
         box.driver.stop_session(now=True, say=say)
+        if box.status is None and box.driver.status is None:
+            box.session_over = True  # it never began: nothing to bring home
         if box.driver.status is not None:
             box.see(box.driver.status)
         # a service ended by force says its job died: it was this stop
@@ -597,8 +707,12 @@ class Collection:
         with what is left of the budget, takes on what is left of that job (once: the new
         service leaves out every point whose row the run wrote) and the jobs it had not
         begun."""
-        why = ((box.status.error if box.status and box.status.error else None)
+        why = (box.driver.gone_reason()
+               or (box.status.error if box.status and box.status.error else None)
                or "the box service died (its tmux session is gone)")
+        if not box.driver.restarts:
+            self._gone(box, why, say)
+            return
         planned = [e.job for e in box.entries.values() if e.state == "planned" and e.round == 0]
         # its job in flight: still "running" if it was killed, "died" if it said so as it ended
         dead = [e for e in box.entries.values() if e.state == "running"
@@ -646,6 +760,18 @@ class Collection:
             note = (f"{e.id}: {why}; its {part.stat('benched')} row(s) are merged and a new "
                     "session measures what is left of it")
             warnings.warn(CollectWarning(note), stacklevel=1)
+
+    def _gone(self, box: BoxState, why: str, say: Callable[[str], None]) -> None:
+        """A box that is not started again (a batch job Slurm ended): the run in flight died,
+        its rows come home and merge now, and the jobs it had not begun died with it; the next
+        run resumes from the node table."""
+        say(f"{why}; bringing its rows home (the next run measures what is left)")
+        for e in box.entries.values():
+            if e.state == "running" or (e.state == "died" and e.id not in box.fetched):
+                e.state, e.reason = "died", why
+        self._close_entries(box, "died", f"{why} before it ran")
+        self._harvest_rest(box, say)
+        box.session_over = True
 
     def _harvest(self, box: BoxState, entry: Entry, say: Callable[[str], None],
                  into: JobResult | None = None) -> JobResult:
@@ -794,7 +920,7 @@ class Collection:
             rep["card"] = box.card.name
             rep["regime"] = box.probe.get("regime")
             rep["box"] = (f"{box.driver.transport.name}: {box.card.name} ({box.probe['regime']}), "
-                          f"setup {box.setup_s:.0f}s")
+                          + (box.driver.describe() or f"setup {box.setup_s:.0f}s"))
             if not box.reported and box.leftovers:
                 rep["leftovers"] = box.leftovers
                 box.reported = True

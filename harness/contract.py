@@ -5,7 +5,8 @@ What crosses the seam is here and nowhere else:
 - the options that reach the box, as frozen values with one default each
   (:class:`SweepOptions`: which points and in what order; :class:`ToolsSpec`: what the box
   measures with), their checks, and the command-line options generated from them for pytest
-  and for the box's own CLI (:func:`add_options`);
+  and for the box's own CLI (:func:`add_options`); :class:`SlurmOptions` too, the request
+  that reaches a Slurm cluster's node as a batch job;
 - the session request (:class:`SessionSpec`: every job pytest selected, in order, with the
   budget, shares, paces and options) and the box's answer (:class:`SessionStatus`, one entry
   per job the box ran or skipped), both with JSON round trips;
@@ -25,6 +26,7 @@ import math
 import posixpath
 import re
 import secrets
+import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -65,6 +67,10 @@ about half a second."""
 COMPILE_BASELINE_S = 10.0
 """Seconds ``torch.compile``'s baseline of one shape takes (its max-autotune) where the node
 table has none of the card yet: 1.2-33 s a shape on an H200, by kind."""
+
+WRONG_CARD_RC = 4
+"""The exit status of ``python -m harness.box probe --expect-card NAME`` on a box whose card is
+another: a batch job refuses its node with it (the rows never mix cards)."""
 
 FAIL_VALUE_US = 1e9
 """value_us of a row whose status is not ok: sorts after every real measurement."""
@@ -291,6 +297,51 @@ class ToolsSpec(_Options):
             _check(self.flags()[name], value, isinstance(value, int) and value >= low,
                    f"below {low} is under the measurement quality bar (the interpreter regime "
                    "uses its own small counts)")
+
+
+@dataclass(frozen=True)
+class SlurmOptions(_Options):
+    """How ``--provider slurm`` asks a cluster for a card: one batch job per card runs the
+    card's whole session (setup, probe, the box service) on the node Slurm allocates.
+    ``{gpu}`` in the partition, gres and constraint is the card's alias (``h100``)."""
+
+    slurm_partition: str | None = option(
+        None, "--slurm-partition", "with --provider slurm: the partition of the card's job, e.g. "
+        "gpu or gpu-{gpu}", default_text="default: the cluster's default partition")
+    slurm_account: str | None = option(None, "--slurm-account", "with --provider slurm: the "
+                                       "account the jobs are charged to", default_text="default: "
+                                       "your default account")
+    slurm_gres: str = option(
+        "gpu:1", "--slurm-gres", "with --provider slurm: the generic resources of the card's "
+        "job, e.g. gpu:{gpu}:1 where the cluster names GPU types after the cards; none asks for "
+        "no gres (a cluster that hands out GPUs by partition or constraint)")
+    slurm_constraint: str | None = option(
+        None, "--slurm-constraint", "with --provider slurm: the node features the card's job "
+        "needs, e.g. {gpu}", default_text="none")
+    slurm_setup_s: float = option(
+        900.0, "--slurm-setup-s", "with --provider slurm: seconds of the job's time limit for "
+        "setup (Python check, probe, pools); the limit is this, the budget and the grace of "
+        "each job", type=float)
+    slurm_extra: str | None = option(
+        None, "--slurm-extra", "with --provider slurm: more sbatch arguments, as one string "
+        "split like a shell would, e.g. '--qos=high --cpus-per-task=16'", default_text="none")
+
+    def __post_init__(self) -> None:
+        for name in ("slurm_partition", "slurm_account", "slurm_gres", "slurm_constraint",
+                     "slurm_extra"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(self.flags()[name], value, isinstance(value, str) and value.strip() != ""
+                       and _printable(value), "must be non-empty text without control characters")
+        _check("--slurm-setup-s", self.slurm_setup_s,
+               _finite(self.slurm_setup_s) and self.slurm_setup_s > 0,
+               "must be a positive number of seconds")
+        if self.slurm_extra is not None:
+            try:
+                shlex.split(self.slurm_extra)
+            except ValueError as exc:
+                raise OptionError(f"--slurm-extra={self.slurm_extra!r}: {exc}; quote it as a "
+                                  "shell would, e.g. --slurm-extra='--qos=high'") from None
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

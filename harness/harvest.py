@@ -338,6 +338,9 @@ class Harvest:
                                          f"({who}), which may still use it; left alone. Release "
                                          f"it once it is done with: {lease.release_command}")
                 continue
+            if lease.provider == "slurm":
+                self._cancel_job(lease, mine)
+                continue
             if not mine and lease.db_id and lease.db_id == self._db_id():
                 try:
                     line = self._harvest_lease(lease)
@@ -355,6 +358,44 @@ class Harvest:
             except Exception as exc:  # noqa: BLE001 - say exactly how to release by hand
                 self.problems.append(f"could not release {lease.target}: {exc}; release it with: "
                                      f"{lease.release_command}")
+
+    def _cancel_job(self, lease: Any, mine: bool) -> None:
+        """A Slurm job whose session is over (this one's, or one whose controller is gone):
+        cancelled by its id, on the login node it was submitted from.  Its rows stay in its
+        box folder on the shared filesystem; the next run of that card merges them."""
+        from harness.remote.slurm import Slurm
+
+        where = lease.extra.get("box_dir", "its box folder")
+        on = "" if lease.target == "local" else f" on {lease.target}"
+        try:
+            transport = self._login(lease)
+            try:
+                Slurm(transport).cancel(lease.handle)
+            finally:
+                transport.close()
+        except Exception as exc:  # noqa: BLE001 - say exactly how to cancel by hand
+            self.problems.append(f"could not cancel Slurm job {lease.handle}{on}: {exc}; cancel "
+                                 f"it with: scancel {lease.handle}")
+            return
+        Path(lease.path).unlink(missing_ok=True)
+        self.receipt_lines.append(
+            f"cancelled {'leftover ' if mine else 'abandoned '}Slurm job {lease.handle}{on}"
+            + ("" if mine else f"; its rows stay in {where}, and the next run of its card "
+               "merges them"))
+
+    def _login(self, lease: Any) -> Any:
+        """A transport to the login node a Slurm lease was submitted from."""
+        if lease.target == "local":
+            from harness.remote.transport import LocalTransport
+
+            return LocalTransport()
+        from harness.remote.ssh import SSHTransport, parse_remote
+
+        transport = SSHTransport(parse_remote(lease.target),
+                                 key_filename=Path(lease.ssh_key).expanduser() if lease.ssh_key
+                                 else None, known_hosts=self.known_hosts)
+        transport.connect()
+        return transport
 
     def _db_id(self) -> str | None:
         from harness.store import read_db_id

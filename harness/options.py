@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from harness.contract import SweepOptions, ToolsSpec
+from harness.contract import SlurmOptions, SweepOptions, ToolsSpec
 
 
 def default_state_dir() -> Path:
@@ -55,13 +55,15 @@ class RunOptions:
     # how the controller watches
     poll_s: float | None
     timeout_s: float | None
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # --provider slurm's request
     numprocesses: Any = None
     remote_target: Any = field(default=None, compare=False)  # --remote, parsed
 
     @classmethod
     def from_config(cls, o: Any, *, gpus: list[str], shares: dict[str, float],
                     db: Path | None, report_json: Path | None, remote: Any,
-                    sweep: SweepOptions, tools: ToolsSpec) -> RunOptions:
+                    sweep: SweepOptions, tools: ToolsSpec,
+                    slurm: SlurmOptions | None = None) -> RunOptions:
         """From pytest's parsed options, once they are checked."""
         from harness.store import default_db_path
 
@@ -80,7 +82,7 @@ class RunOptions:
             down_cmd=o.down_cmd, sky_cloud=o.sky_cloud, keep_server=o.keep_server,
             box_python=o.box_python, box_install=o.box_install, box_dir=o.box_dir,
             tmux_socket=o.tmux_socket, poll_s=o.poll_s, timeout_s=o.timeout_s,
-            numprocesses=getattr(o, "numprocesses", None), remote_target=remote)
+            slurm=slurm or SlurmOptions(), numprocesses=getattr(o, "numprocesses", None), remote_target=remote)
 
     @property
     def leases_dir(self) -> Path:
@@ -99,4 +101,5 @@ class RunOptions:
                 **self.sweep.to_json(), **self.tools.to_json(),
                 "keyword": self.keyword, "timeout_s": self.timeout_s, "poll_s": self.poll_s,
                 "no_merge": self.no_merge, "remote": self.remote,
-                "provider": self.provider, "numprocesses": self.numprocesses}
+                "provider": self.provider, "numprocesses": self.numprocesses,
+                **(self.slurm.to_json() if self.provider == "slurm" else {})}

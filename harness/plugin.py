@@ -17,7 +17,7 @@ import pytest
 
 from harness import cards
 from harness import kinds as registry
-from harness.contract import OptionError, SweepOptions, ToolsSpec, add_options
+from harness.contract import OptionError, SlurmOptions, SweepOptions, ToolsSpec, add_options
 from harness.interrupts import Interrupted
 from harness.options import RunOptions, default_state_dir
 from harness.planner import Job, ShareError, normalize_shares
@@ -57,8 +57,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--accept-new-host-key", action="store_true", default=False,
                 help="trust and save the host key of a box not yet in known_hosts (a changed key "
                      "is always refused)")
-    g.addoption("--provider", default=None, choices=["command", "skypilot"],
-                help="rent a 1-GPU server per card for this run and release it at the end")
+    g.addoption("--provider", default=None, choices=["command", "skypilot", "slurm"],
+                help="rent a 1-GPU server per card for this run and release it at the end; "
+                     "slurm: submit one batch job per card from the login node (this machine, "
+                     "or --remote)")
     g.addoption("--up-cmd", default=None,
                 help="with --provider command: the command that makes a server and prints a JSON "
                      "object (ssh_target or ssh_host/ssh_port/ssh_user, and a handle) or a "
@@ -67,6 +69,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="with --provider command: the command that releases it; {handle}, {target}, "
                      "{gpu} and {gpu_name} are filled in")
     g.addoption("--sky-cloud", default=None, help="with --provider skypilot: the cloud to use")
+    add_options(g.addoption, SlurmOptions)
     g.addoption("--keep-server", action="store_true", default=False,
                 help="do not release a rented server; print it and the command that releases it")
     g.addoption("--box-python", default=None,
@@ -114,8 +117,15 @@ def _validate(config: pytest.Config) -> RunOptions:
     try:  # what reaches the box: checked by the contract, as the box checks it
         sweep = SweepOptions.from_namespace(o)
         tools = ToolsSpec.from_namespace(o)
+        slurm = SlurmOptions.from_namespace(o)
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if o.provider != "slurm":
+        given = [f"{flag}={getattr(o, name)}" for name, flag in SlurmOptions.flags().items()
+                 if getattr(o, name, None) != SlurmOptions.__dataclass_fields__[name].default]
+        if given:
+            raise pytest.UsageError(f"{given[0]} is only used with --provider=slurm "
+                                    f"(--provider is {o.provider or 'not given'})")
     for name, val in (("--poll-s", o.poll_s), ("--timeout-s", o.timeout_s)):
         if val is not None and not (math.isfinite(val) and val > 0):
             raise pytest.UsageError(f"{name}={val:g}: must be a positive number of seconds")
@@ -156,12 +166,20 @@ def _validate(config: pytest.Config) -> RunOptions:
             raise pytest.UsageError(f"{name}={val!r} is only used with --provider={needs} "
                                     f"(--provider is {o.provider or 'not given'})")
     if o.provider is not None:
-        if o.remote is not None:
+        if o.remote is not None and o.provider != "slurm":
             raise pytest.UsageError(f"--provider={o.provider} and --remote={o.remote} exclude each "
                                     "other: rent a server, or name the one you have")
         if any(g in (cards.LOCAL, cards.AUTO) for g in gpus):
+            what = "to ask Slurm for" if o.provider == "slurm" else "to rent"
             raise pytest.UsageError(f"--provider={o.provider} needs --gpu=ALIAS[,ALIAS…] (the card "
-                                    f"to rent), not --gpu={o.gpu}")
+                                    f"{what}), not --gpu={o.gpu}")
+        if o.provider == "slurm":
+            from harness.remote.slurm import SlurmError, sbatch_options
+
+            try:  # a placeholder other than {gpu} is refused before anything is submitted
+                sbatch_options(slurm, gpus[0], job_name="x", output="x", chdir="x", minutes=1)
+            except SlurmError as exc:
+                raise pytest.UsageError(str(exc)) from None
         if o.provider == "command" and not (o.up_cmd and o.down_cmd):
             missing = " and ".join(n for n, v in (("--up-cmd", o.up_cmd), ("--down-cmd", o.down_cmd))
                                    if not v)
@@ -188,7 +206,7 @@ def _validate(config: pytest.Config) -> RunOptions:
                                 "a file in an existing folder (default ~/.ssh/known_hosts)")
     report_json = _check_report_json(o, db)
     return RunOptions.from_config(o, gpus=gpus, shares=shares, db=db, report_json=report_json,
-                                  remote=remote, sweep=sweep, tools=tools)
+                                  remote=remote, sweep=sweep, tools=tools, slurm=slurm)
 
 
 def _check_report_json(o: Any, db: Path | None) -> Path | None:

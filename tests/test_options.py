@@ -75,7 +75,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("known-hosts-folder-missing", ["--gpu=h100", "--remote=u@gpu", "--known-hosts={tmp}/no/kh"],
      r"--known-hosts .*no/kh: its folder does not exist; give a file in an existing folder"),
     ("provider-unknown", ["--gpu=h100", "--provider=aws"],
-     r"argument --provider: invalid choice: 'aws' \(choose from '?command'?, '?skypilot'?\)"),
+     r"argument --provider: invalid choice: 'aws' \(choose from '?command'?, '?skypilot'?, '?slurm'?\)"),
     ("provider-without-up-cmd", ["--gpu=h100", "--provider=command", DOWN],
      r"--provider command needs --up-cmd and --down-cmd \(missing: --up-cmd\), e.g. --up-cmd="),
     ("provider-without-either-cmd", ["--gpu=h100", "--provider=command"],

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.contract import (
     SLICES,
+    WRONG_CARD_RC,
     OptionError,
     SweepOptions,
     ToolsSpec,
@@ -41,8 +42,17 @@ def _write_json(path: str | None, payload: object) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from harness.box.probe import probe
+    from harness.cards import card_from_probe
 
-    _write_json(args.out, probe())
+    info = probe()
+    _write_json(args.out, info)
+    if args.expect_card is not None:
+        have = card_from_probe(info).name
+        if have != args.expect_card:
+            print(f"error: this box ({info.get('host')}) has {have}, and the session asks for "
+                  f"{args.expect_card}: refused, nothing is measured here", file=sys.stderr,
+                  flush=True)
+            return WRONG_CARD_RC
     return 0
 
 
@@ -143,6 +153,9 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("probe", help="print the box's card, regime and versions as JSON")
     p.add_argument("--out", default=None)
+    p.add_argument("--expect-card", default=None, metavar="NAME",
+                   help=f"exit with status {WRONG_CARD_RC} unless the box's card is this one "
+                        "(its canonical name, e.g. 'NVIDIA H100 80GB')")
     p.set_defaults(func=cmd_probe)
     p = sub.add_parser("plan", help="pool sizes per slice × kind × shape (ledger-aware)")
     p.add_argument("--card", default=None, help="count for a catalog card instead of this box's")
