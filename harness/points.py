@@ -58,9 +58,10 @@ def make_spec(knobs: Mapping[str, object]) -> str:
             raise SpecError(f"knob key {key!r} is a {type(key).__name__}; knob keys must be str")
         if not key:
             raise SpecError(f"empty knob key (value {value!r}); every knob needs a name")
-        _check_part("key", key, key)
         text = str(value)
-        _check_part("value", key, text)
+        if "," in key or "=" in key or "," in text or "=" in text:
+            _check_part("key", key, key)
+            _check_part("value", key, text)
         items.append((key, text))
     items.sort()
     return ",".join(f"{k}={v}" for k, v in items)
@@ -121,17 +122,23 @@ def _value_distance(a: str, b: str) -> int:
     return max(1, sum(x != y for x, y in zip(pa, pb, strict=True)))
 
 
-def knob_distance(a: Mapping[str, str], b: Mapping[str, str]) -> int:
+def knob_distance(a: Mapping[str, object], b: Mapping[str, object],
+                  limit: int | None = None) -> int:
     """How many knob steps apart two configurations are (component-aware).
 
     Over the union of keys, a missing knob counts as ``""``.  Equal values are 0 apart.  If
     either value contains ``/``, both are split on ``/``, the shorter padded with ``""``, and
     the differing segments are counted (at least 1, since the values differ).  Otherwise 1.
-    Values go through ``str()``, as in :func:`make_spec`.
+    Values go through ``str()``, as in :func:`make_spec`.  With ``limit``, the count stops
+    once it passes ``limit`` (the answer is then some number above it).
     """
     total = 0
     for key in a.keys() | b.keys():
-        total += _value_distance(str(a.get(key, "")), str(b.get(key, "")))
+        va, vb = str(a.get(key, "")), str(b.get(key, ""))
+        if va != vb:
+            total += _value_distance(va, vb)
+            if limit is not None and total > limit:
+                return total
     return total
 
 

@@ -106,7 +106,8 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
                 own.append(spec)
             else:
                 cross.append(spec)
-        sliced = assign_slices(list(spec_knobs), own, cross, max_dist, tail_cap)
+        sliced = assign_slices(list(spec_knobs), own, cross, max_dist, tail_cap,
+                               knobs_of=spec_knobs)
         # what people ship (rules, tutorial lists, torch baselines) is measured first, in the
         # own slice, wherever the slicing put it
         first = {spec: k for ks in shipped.configs(g.kind, g.shape, card, baselines).values()

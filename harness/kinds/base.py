@@ -161,6 +161,9 @@ class Kind:
 
     name: str = ""
     fields: tuple[str, ...] = ()  # shape fields, in shape-id order
+    # knobs whose other values only ever add to what a configuration needs (shared memory,
+    # a newer card): where a configuration fails with their first values, it fails with all
+    monotone: tuple[str, ...] = ()
 
     # -- pure part ---------------------------------------------------------------------------
     def shape_id(self, shape: Shape) -> str:
@@ -188,15 +191,33 @@ class Kind:
         return self.unrealizable(knobs, shape, card) is None
 
     def enumerate(self, shape: Shape, card: Card) -> list[dict[str, Any]]:
-        """Every realizable configuration of ``shape`` on ``card``: the pool."""
+        """Every realizable configuration of ``shape`` on ``card``: the pool, in the order of
+        the product of the knob space.  The values of a :attr:`monotone` knob are tried only
+        where its first value realizes."""
         space = self.knob_space(shape, card)
         keys = list(space)
-        out = []
-        for values in itertools.product(*(space[k] for k in keys)):
-            knobs = dict(zip(keys, values, strict=True))
-            if self.realizable(knobs, shape, card):
-                out.append(knobs)
-        return out
+        lazy = [k for k in keys if k in self.monotone and len(space[k]) > 1]
+        if not lazy:
+            out = []
+            for values in itertools.product(*(space[k] for k in keys)):
+                knobs = dict(zip(keys, values, strict=True))
+                if self.realizable(knobs, shape, card):
+                    out.append(knobs)
+            return out
+        eager = [k for k in keys if k not in lazy]
+        found: list[tuple[tuple[int, ...], dict[str, Any]]] = []
+        for at in itertools.product(*(range(len(space[k])) for k in eager)):
+            index = dict(zip(eager, at, strict=True))
+            first = {k: space[k][index[k]] if k in index else space[k][0] for k in keys}
+            if not self.realizable(first, shape, card):
+                continue
+            for lazy_at in itertools.product(*(range(len(space[k])) for k in lazy)):
+                index.update(zip(lazy, lazy_at, strict=True))
+                knobs = {k: space[k][index[k]] for k in keys}
+                if not any(lazy_at) or self.realizable(knobs, shape, card):
+                    found.append((tuple(index[k] for k in keys), knobs))
+        found.sort(key=lambda item: item[0])
+        return [knobs for _, knobs in found]
 
     def shape_features(self, shape: Shape) -> dict[str, Any]:
         """``S_*`` facts of the problem that a prior may see."""

@@ -23,6 +23,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    GEMM_HOPPER,
     Kind,
     Knobs,
     Launch,
@@ -44,6 +45,7 @@ EPS = 1e-6
 class LinearNorm(Kind):
     name = "linear_norm"
     fields = ("M", "N", "K", "dtype")
+    monotone = tuple(GEMM_HOPPER)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):

@@ -8,6 +8,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    GEMM_HOPPER,
     Kind,
     Knobs,
     Launch,
@@ -25,6 +26,7 @@ from harness.kinds.base import (
 class Matmul(Kind):
     name = "matmul"
     fields = ("M", "N", "K", "dtype")
+    monotone = tuple(GEMM_HOPPER)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):

@@ -9,6 +9,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    GEMM_HOPPER,
     Kind,
     Knobs,
     Launch,
@@ -26,6 +27,7 @@ from harness.kinds.base import (
 class MlpGeglu(Kind):
     name = "mlp_geglu"
     fields = ("M", "N", "K", "dtype")
+    monotone = tuple(GEMM_HOPPER)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):

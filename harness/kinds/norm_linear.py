@@ -15,6 +15,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    GEMM_HOPPER,
     Kind,
     Knobs,
     Launch,
@@ -35,6 +36,7 @@ EPS = 1e-6
 class NormLinear(Kind):
     name = "norm_linear"
     fields = ("M", "N", "K", "dtype")
+    monotone = tuple(GEMM_HOPPER)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
