@@ -340,6 +340,45 @@ def test_golden_pools_on_the_live_gpu(kind_name: str, capsys: pytest.CaptureFixt
 
 
 GEMM_KINDS = ["matmul", "norm_linear", "mlp_geglu", "linear_norm"]
+
+
+@pytest.mark.parametrize("kind_name", ["matmul", "norm_linear", "mlp_geglu", "linear_norm"])
+@pytest.mark.parametrize("alias", ["h200", "l40s"])
+def test_a_pool_is_the_realizable_part_of_the_knob_product(kind_name: str, alias: str) -> None:
+    """Trying the TMA knobs only where the pointer path realizes loses no configuration and
+    keeps the product's order; an L40S pool has no TMA knobs at all."""
+    import itertools
+
+    kind, card = registry.get(kind_name), by_alias(alias)
+    for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name])[:2]:
+        space = kind.knob_space(g.shape, card)
+        keys = list(space)
+        plain = [dict(zip(keys, values, strict=True))
+                 for values in itertools.product(*(space[k] for k in keys))
+                 if kind.realizable(dict(zip(keys, values, strict=True)), g.shape, card)]
+        pool = kind.enumerate(g.shape, card)
+        assert pool == plain
+        has_tma = any("TMA" in k for k in pool)
+        assert has_tma == (card.cc >= (9, 0)), f"{g.shape_id} on {card.name}"
+        if has_tma:
+            assert any(k["TMA"] and k["PERSISTENT"] and k["SUBTILE"] for k in pool)
+            assert not any(not k["TMA"] and (k["PERSISTENT"] or k["SUBTILE"]) for k in pool)
+
+
+def test_an_anchor_recorded_before_the_tma_knobs_means_the_pointer_path() -> None:
+    g = goldens.shapes(DEPLOYABLE, kinds=["matmul"])[0]
+    old = "BLOCK_K=64,BLOCK_M=128,BLOCK_N=128,GROUP_M=8,num_stages=3,num_warps=4"
+    anchor = goldens.Anchor(gpu=by_alias("h200").name, kind="matmul", shape_id=g.shape_id,
+                            spec=old)
+    built = pools.build(by_alias("h200"), anchors=[anchor], shapes=[g])
+    assert built.skipped_anchors == []
+    assert built.shapes[0].own_anchors == [old.replace(
+        "GROUP_M=8,", "GROUP_M=8,PERSISTENT=0,SUBTILE=0,TMA=0,")]
+    # its TMA variants are one and two knob steps away: in the own slice
+    own = {p.spec for p in built.shapes[0].points if p.slice == "own"}
+    assert old.replace("GROUP_M=8,", "GROUP_M=8,PERSISTENT=1,SUBTILE=0,TMA=1,") in own
+    on_l40s = pools.build(by_alias("l40s"), anchors=[anchor], shapes=[g])
+    assert on_l40s.shapes[0].own_anchors == [] and on_l40s.shapes[0].cross_anchors == [old]
 GEMM_PATHS = {"pointers": (0, 0, 0), "tma": (1, 0, 0), "tma+persistent": (1, 1, 0),
               "tma+persistent+subtile": (1, 1, 1)}
 
