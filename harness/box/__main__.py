@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     except OptionError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except BrokenPipeError:  # `plan | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
