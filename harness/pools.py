@@ -15,6 +15,7 @@ from harness import goldens, shipped
 from harness import kinds as registry
 from harness.cards import Card
 from harness.contract import SweepOptions
+from harness.kinds.base import completed
 from harness.points import make_spec, parse_spec, point_key
 from harness.slices import SLICES, assign_slices
 
@@ -66,16 +67,6 @@ class PoolSet:
         return {s: dict(v) for s, v in out.items()}
 
 
-def completed(knobs: dict[str, Any], space: dict[str, list[Any]]) -> dict[str, Any]:
-    """``knobs`` with every knob of ``space`` it lacks set to that knob's first value.
-
-    A knob added to a kind later (the copy-engine paths of the GEMM kinds, say) keeps the
-    configurations recorded before it (anchors, shipped lists) meaning what they meant: the
-    first value of a new knob is the kernel as it ran without it."""
-    return {**{k: values[0] for k, values in space.items() if k not in knobs and values},
-            **knobs}
-
-
 def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = None,
           max_dist: int = SweepOptions.max_dist, tail_cap: int = SweepOptions.tail_cap,
           anchors: list[goldens.Anchor] | None = None,
@@ -110,10 +101,9 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
                                knobs_of=spec_knobs)
         # what people ship (rules, tutorial lists, torch baselines) is measured first, in the
         # own slice, wherever the slicing put it
-        first = {spec: k for ks in shipped.configs(g.kind, g.shape, card, baselines).values()
-                 for k0 in ks
-                 for k in [dict(k0) if shipped.is_baseline(k0) else completed(dict(k0), space)]
-                 for spec in [make_spec(k)]}
+        first = {make_spec(k): k
+                 for ks in shipped.configs(g.kind, g.shape, card, baselines).values()
+                 for k in ks}
         if first:
             sliced = {s: [x for x in specs if x not in first] for s, specs in sliced.items()}
             sliced["own"] = list(first) + sliced["own"]

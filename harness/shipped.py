@@ -30,7 +30,7 @@ from typing import Any
 
 from harness.cards import INTERPRET, Card
 from harness.contract import BASELINES, parse_baselines  # noqa: F401 - the option's parser
-from harness.kinds.base import next_pow2
+from harness.kinds.base import completed, next_pow2
 from harness.points import make_spec
 
 BASELINE_KNOB = "baseline"
@@ -179,7 +179,17 @@ def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def autotune_list(kind: str, shape: Mapping[str, Any], card: Card) -> list[dict[str, Any]]:
     """The published list's configurations this card can run, in the list's order."""
-    return _unique([k for k in _listed(kind, shape) if _runnable(kind, k, shape, card)])
+    return _unique([_full(kind, k, shape, card) for k in _listed(kind, shape)
+                    if _runnable(kind, k, shape, card)])
+
+
+def _full(kind_name: str, knobs: dict[str, Any], shape: Mapping[str, Any],
+          card: Card) -> dict[str, Any]:
+    """A published configuration in the kind's knobs on ``card``: the knobs it predates (the
+    GEMM kinds' TMA paths) at their first value, as the kernel it was published for ran."""
+    from harness import kinds as registry
+
+    return completed(knobs, registry.get(kind_name).knob_space(shape, card))
 
 
 def heuristic(kind: str, shape: Mapping[str, Any], card: Card) -> dict[str, Any] | None:
@@ -188,7 +198,9 @@ def heuristic(kind: str, shape: Mapping[str, Any], card: Card) -> dict[str, Any]
     tutorial's first config and hits a resource error would take the next one."""
     if kind in ROW_KINDS:
         knobs = _row_config(kind, shape)
-        return knobs if knobs is not None and _runnable(kind, knobs, shape, card) else None
+        if knobs is None or not _runnable(kind, knobs, shape, card):
+            return None
+        return _full(kind, knobs, shape, card)
     runnable = autotune_list(kind, shape, card)
     return runnable[0] if runnable else None
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from harness import cards, pools, shipped
-from harness import kinds as registry
 from harness.points import make_spec
 
 
@@ -47,7 +46,7 @@ def test_tiles_are_clamped_to_the_problem_and_the_list_keeps_what_the_card_can_r
     big = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
     assert shipped.heuristic("matmul", big, H200) == {
         "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-        "num_stages": 3}
+        "num_stages": 3, "TMA": 0, "PERSISTENT": 0, "SUBTILE": 0}
     # mlp_geglu holds two weight tiles: the tutorial's first config does not fit its shared
     # memory, so the heuristic is the first that does, as a user would take the next one
     h = shipped.heuristic("mlp_geglu", {"M": 2048, "N": 14336, "K": 4096, "dtype": "bf16"},
@@ -68,14 +67,22 @@ def test_a_bad_baselines_value_names_the_choices(bad: str) -> None:
         shipped.parse_baselines(bad)
 
 
+def test_a_shipped_gemm_config_on_a_hopper_card_is_the_pointer_path() -> None:
+    """The tutorials' lists predate the TMA knobs: on an H200 they mean TMA=0, on an L40S
+    (no such knobs) they are as published."""
+    shape = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
+    on_h200 = shipped.autotune_list("matmul", shape, H200)
+    assert on_h200 and all((k["TMA"], k["PERSISTENT"], k["SUBTILE"]) == (0, 0, 0)
+                           for k in on_h200)
+    assert all("TMA" not in k for k in shipped.autotune_list("matmul", shape,
+                                                              cards.by_alias("l40s")))
+
+
 def test_the_pools_measure_shipped_configs_first_in_the_own_slice_only() -> None:
     pool = pools.build(H200, kinds=["matmul", "softmax"])
     for sp in pool.shapes:
-        # a shipped configuration means the kind's added knobs (TMA, …) at their first value
-        space = registry.get(sp.golden.kind).knob_space(sp.golden.shape, H200)
-        want = {make_spec(k if shipped.is_baseline(k) else pools.completed(dict(k), space))
-                for ks in shipped.configs(sp.golden.kind, sp.golden.shape, H200).values()
-                for k in ks}
+        want = {make_spec(k) for ks in shipped.configs(sp.golden.kind, sp.golden.shape,
+                                                       H200).values() for k in ks}
         first = [p for p in sp.points if p.first]
         assert {p.spec for p in first} == want
         assert all(p.slice == "own" for p in first)

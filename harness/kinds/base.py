@@ -44,6 +44,16 @@ GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3
 GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTILE": [0, 1]}
 
 
+def completed(knobs: Mapping[str, Any], space: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """``knobs`` with every knob of ``space`` it lacks set to that knob's first value.
+
+    A knob added to a kind later (the copy-engine paths of the GEMM kinds, say) keeps the
+    configurations written before it (anchors, shipped lists) meaning what they meant: the
+    first value of a new knob is the kernel as it ran without it."""
+    return {**{k: values[0] for k, values in space.items() if k not in knobs and values},
+            **knobs}
+
+
 def gemm_space(card: Card, own: Mapping[str, list[Any]] | None = None) -> dict[str, list[Any]]:
     """The knob space of a matmul-like kind on a GPU: tiles, the kind's ``own`` knobs, the
     copy-engine paths where the card has them, launch knobs."""
