@@ -274,6 +274,8 @@ class Harvest:
                                      per_card_regime=counts)
                 self.receipt_lines.extend(m["leftovers"])
                 self.receipt_lines.extend(format_receipt(total).splitlines())
+                from harness.summary import best_per_shape
+
                 self.receipt_lines.extend(best_per_shape(
                     store._conn, sorted({j.run_id for j in self.jobs.values() if j.run_id})))
                 self.receipt_lines.append(f"db: {self.db_path}")
@@ -459,22 +461,14 @@ class Harvest:
     def summary_lines(self, exitstatus: int = 0) -> list[str]:
         if not self.jobs:
             return list(self.report_lines)
-        lines = ["", "=== collect-node-data summary ==="]
+        lines = ["=== collect-node-data summary ==="]
         for box in dict.fromkeys(j.box for j in self.jobs.values() if j.box):
             lines.append(f"box {box}")
         spent = sum(j.seconds + sum(t["seconds"] for t in j.top_ups) for j in self.jobs.values())
         lines.append(f"sweep: {spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s per card")
-        lines.append(f"{'card':24} {'slice':5} {'kind':12} {'benched':>7} {'ok':>5} {'failed':>6} "
-                     f"{'seconds':>8}  state")
-        for j in self.jobs.values():
-            card = j.card or j.gpu
-            lines.append(f"{card[:24]:24} {j.slice:5} {j.kind:12} {j.benched:>7} {j.ok:>5} "
-                         f"{j.failed:>6} {j.seconds:>8.1f}  {j.state}")
-        for j in self.jobs.values():
-            for t in j.top_ups:
-                lines.append(f"{(j.card or j.gpu)[:24]:24} {t['slice']:5} {t['kind']:12} "
-                             f"{t['benched']:>7} {t['ok']:>5} {t['failed']:>6} "
-                             f"{t['seconds']:>8.1f}  top-up: {t['state']}")
+        from harness.summary import jobs_table
+
+        lines.extend(jobs_table(list(self.jobs.values())))
         lines.extend(self.receipt_lines)
         lines.extend(f"warning: {p}" for p in self.problems)
         lines.extend(self.report_lines)
@@ -574,42 +568,3 @@ def _json(value: Any) -> Any:
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-def best_per_shape(conn: Any, run_ids: list[str]) -> list[str]:
-    """The best configuration this run measured on each shape, with its time and its ratio to
-    torch's own op and to torch.compile where the node table has them: the table the summary
-    ends with ([] when the run measured nothing)."""
-    from tabulate import tabulate
-
-    from harness.shipped import BASELINE_KNOB
-
-    if not run_ids:
-        return []
-    marks = ",".join("?" * len(run_ids))
-    best: dict[tuple[str, str], tuple[float, str]] = {}
-    for gpu, shape, spec, us in conn.execute(
-            f"SELECT gpu, shape_id, spec, value_us FROM node WHERE run_id IN ({marks}) "
-            f"AND status = 'ok' AND value_us > 0 AND spec NOT LIKE '{BASELINE_KNOB}=%'", run_ids):
-        if (gpu, shape) not in best or us < best[(gpu, shape)][0]:
-            best[(gpu, shape)] = (us, spec)
-    if not best:
-        return []
-    base: dict[tuple[str, str, str], float] = {}
-    for gpu, shape, spec, us in conn.execute(
-            "SELECT gpu, shape_id, spec, value_us FROM node WHERE status = 'ok' AND value_us > 0 "
-            f"AND spec LIKE '{BASELINE_KNOB}=%'"):
-        base[(gpu, shape, spec.split("=", 1)[1])] = us
-
-    def ratio(gpu: str, shape: str, name: str, us: float) -> str:
-        b = base.get((gpu, shape, name))
-        return f"{us / b:.2f}x" if b else "-"
-
-    rows = [(gpu[:24], shape, spec, f"{us:.2f}", ratio(gpu, shape, "torch", us),
-             ratio(gpu, shape, "compile", us))
-            for (gpu, shape), (us, spec) in sorted(best.items())]
-    table = tabulate(rows, headers=("card", "shape", "best configuration this run", "us",
-                                    "vs torch", "vs compile"), tablefmt="simple",
-                     disable_numparse=True)
-    return ["best configuration per shape measured in this run (time over the baseline's: "
-            "below 1x is faster):", *table.splitlines()]

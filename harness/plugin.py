@@ -11,7 +11,7 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,11 +23,16 @@ from harness.options import RunOptions, default_state_dir
 from harness.planner import Job, ShareError, normalize_shares
 from harness.slices import SLICES
 
+if TYPE_CHECKING:
+    from harness.progress import Progress
+
 COLLECTION_KEY = pytest.StashKey["Collection"]()
 CHECKED_KEY = pytest.StashKey[RunOptions]()
 HARVEST_KEY = pytest.StashKey["Harvest"]()
 INTERRUPTS_KEY = pytest.StashKey["Interrupts"]()
 SESSION_KEY = pytest.StashKey[str]()
+PROGRESS_KEY = pytest.StashKey["Progress"]()
+SWEEP_IDS_KEY = pytest.StashKey[set]()
 JOB_FIXTURE = "sweep_job"
 
 
@@ -302,9 +307,41 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if harvest is not None and not config.option.collectonly:
         harvest.select([(it.nodeid, *_key_words(it.callspec.params[JOB_FIXTURE]))
                         for it in jobs])
+    config.stash[SWEEP_IDS_KEY] = {it.nodeid for it in jobs}
     config.stash[COLLECTION_KEY] = Collection(
         opts, order, interrupts=config.stash[INTERRUPTS_KEY],
-        session=config.stash[SESSION_KEY], harvest=config.stash.get(HARVEST_KEY, None))
+        session=config.stash[SESSION_KEY], harvest=config.stash.get(HARVEST_KEY, None),
+        progress=_progress(config, opts))
+
+
+def _progress(config: pytest.Config, opts: RunOptions) -> Progress:
+    """The run's lines (:mod:`harness.progress`).  On a terminal each job's line is its
+    result, so pytest's own letters and file names for the jobs are left out."""
+    from harness.progress import Progress, PytestTerminal, heartbeat_s
+
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    term = PytestTerminal(reporter, config.pluginmanager.getplugin("capturemanager"))
+    progress = config.stash[PROGRESS_KEY] = Progress(
+        term, verbose=int(config.option.verbose or 0), heartbeat_s=heartbeat_s(opts.budget_s))
+    if term.tty and int(config.option.verbose or 0) <= 0:
+        reporter.showfspath = False
+    return progress
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config
+                             ) -> tuple[str, str, str] | None:
+    """On a terminal a job's line says how it went: no letter of pytest's beside it."""
+    progress = config.stash.get(PROGRESS_KEY, None)
+    if progress is None or not progress.tty or int(config.option.verbose or 0) > 0 \
+            or report.nodeid not in config.stash.get(SWEEP_IDS_KEY, set()):
+        return None
+    if report.passed:
+        return ("passed", "", "PASSED") if report.when == "call" else None
+    if report.skipped:
+        return ("skipped", "", "SKIPPED")
+    if report.when == "call":
+        return ("failed", "", "FAILED")
+    return ("error", "", "ERROR")
 
 
 def _key_words(key: Any) -> tuple[str, str, str]:
@@ -339,6 +376,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    progress = config.stash.get(PROGRESS_KEY, None)
+    if progress is not None:
+        progress.close()
     harvest = config.stash.get(HARVEST_KEY, None)
     if harvest is not None:
         status = terminalreporter._session.exitstatus if getattr(terminalreporter, "_session", None) \
