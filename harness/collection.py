@@ -63,6 +63,18 @@ class BoxUnusable(BoxError):
     """A box that already failed to open: its other jobs are skipped, the reason said once."""
 
 
+class CardMismatch(BoxError):
+    """The box has another card than ``--gpu`` names: a usage error of the run (exit status 4),
+    said once; none of that card's jobs runs."""
+
+
+def _card_fix(want: cards.Card, have: cards.Card | None) -> str:
+    """What to do about a box with another card."""
+    other = (f"--gpu={have.alias} (the card it has) or " if have is not None
+             and have.name in {c.name for c in cards.CATALOG} else "")
+    return f"run with {other}--gpu=auto, or use a box with {want.name}"
+
+
 class CollectWarning(UserWarning):
     """A recoverable problem of the collection that the user should see."""
 
@@ -150,6 +162,8 @@ class Collection:
         self.leases: dict[str, Any] = {}
         self.leases_dir = opts.leases_dir
         self.box_errors: dict[str, str] = {}
+        self.first_errors: dict[str, BaseException] = {}
+        self.refused: dict[str, str] = {}  # cards whose box has another card: why
         self.interrupts = interrupts or Interrupts()
         self.owner = Owner.here(session)
         self.harvest = harvest
@@ -204,6 +218,8 @@ class Collection:
         runs left, push, set up, probe, plan."""
         if gpu in self.boxes:
             return self.boxes[gpu]
+        if gpu in self.first_errors:  # opened before its first job: that job says why
+            raise self.first_errors.pop(gpu)
         if gpu in self.box_errors:
             raise BoxUnusable(f"box for --gpu={gpu} is unusable: see the first job's failure")
         try:
@@ -217,6 +233,31 @@ class Collection:
         except Exception as exc:
             self.box_errors[gpu] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise
+
+    def open_before_jobs(self, gpu: str, progress: Progress) -> bool:
+        """Open the card's box before its first job's test starts; say whether its jobs run.
+        A box with another card is a usage error: it is closed (a rented server given back
+        at once), the card is refused, and none of its jobs runs or reports.  Another failure
+        is kept for the first job, which fails with it."""
+        if gpu in self.refused:
+            return False
+        if gpu in self.boxes or gpu in self.box_errors:
+            return True
+        try:
+            self.open_box(gpu, progress)
+        except CardMismatch as exc:
+            self.refused[gpu] = str(exc)
+            self.box_errors.pop(gpu, None)
+            try:
+                self.close_box(gpu, progress)
+            except Exception as close_exc:  # noqa: BLE001 - said, the refusal stands
+                progress(f"box for --gpu={gpu}: closing it failed: {close_exc}")
+            if self.harvest is not None:
+                self.harvest.refuse(gpu, str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - the first job's test fails with it
+            self.first_errors[gpu] = exc
+        return True
 
     def _open_box(self, gpu: str, progress: Callable[[str], None]) -> BoxState:
         t0 = time.monotonic()
@@ -403,18 +444,18 @@ class Collection:
         else:
             have, shown = cards.canonicalize(name), name
         if (have.name if have else name) != want.name:
-            raise BoxError(f"--gpu={gpu} wants {want.name} but box {driver.transport.name} has "
-                           f"{shown}; nothing was set up or measured. Use --gpu=auto to accept "
-                           "the box's card, or a box with that card")
+            raise CardMismatch(f"--gpu={gpu} wants {want.name} but box {driver.transport.name} "
+                               f"has {shown}; nothing was set up or measured: "
+                               f"{_card_fix(want, have)}")
 
     def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:
         card = cards.card_from_probe(probe)
         if gpu not in (cards.LOCAL, cards.AUTO):
             want = cards.by_alias(gpu)
             if want.name != card.name:
-                raise BoxError(f"--gpu={gpu} wants {want.name} but the box has {card.name} "
-                               f"(device {probe.get('device_name')!r}); nothing was measured. "
-                               f"Use --gpu=auto to accept the box's card.")
+                raise CardMismatch(f"--gpu={gpu} wants {want.name} but the box has {card.name} "
+                                   f"(device {probe.get('device_name')!r}); nothing was "
+                                   f"measured: {_card_fix(want, card)}")
         return card
 
     def close_box(self, gpu: str, progress: Callable[[str], None]) -> None:
@@ -521,11 +562,11 @@ class Collection:
 
     @staticmethod
     def _place(box: BoxState, entry: Entry) -> str:
-        """Where a run stands in the card's session: ``job k of N`` or ``top-up``."""
+        """Where a run stands in the card's session: ``job k/N`` or ``top-up``."""
         if entry.round:
             return "top-up"
         k = box.spec.jobs.index(entry.job) + 1 if entry.job in box.spec.jobs else 0
-        return f"job {k} of {len(box.spec.jobs)}"
+        return f"job {k}/{len(box.spec.jobs)}"
 
     def _sayer(self, progress: Callable[[str], None], box: BoxState,
                job: Job) -> Callable[[str], None]:

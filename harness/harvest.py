@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class Harvest:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     status: str = ""  # the summary's last line: status: COMPLETE (…) / FAILED (…) / INTERRUPTED (…)
     exit_status: int | None = None  # what the session's exit status should become, if worse
+    refused: dict[str, str] = field(default_factory=dict)  # --gpu token → why its box was refused
 
     def select(self, jobs: list[tuple[str, str, str, str]]) -> None:
         """Every job pytest selected (nodeid, gpu, slice, kind), in run order: each is in the
@@ -106,6 +108,22 @@ class Harvest:
         for nodeid, gpu, slice_, kind in jobs:
             self.jobs.setdefault(nodeid, JobReport(gpu=gpu, slice=slice_, kind=kind,
                                                    outcome="not_run"))
+
+    def refuse(self, gpu: str, why: str) -> None:
+        """The box of ``gpu`` has another card: none of its jobs runs (a usage error)."""
+        self.refused[gpu] = why
+        for job in self.jobs.values():
+            if job.gpu == gpu and job.outcome == "not_run":
+                job.reason = why
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist: the cards a worker refused (see :meth:`refuse`)."""
+        from harness.plugin import REFUSED_OUTPUT
+
+        for gpu, why in (getattr(node, "workeroutput", None) or {}).get(REFUSED_OUTPUT,
+                                                                       {}).items():
+            self.refuse(str(gpu), str(why))
 
     def note_job(self, nodeid: str, data: dict[str, Any], outcome: str, reason: str | None) -> None:
         """A job's report handed over directly (the job was interrupted, so pytest reports
@@ -441,14 +459,15 @@ class Harvest:
                 "boxes": list(dict.fromkeys(j.box for j in self.jobs.values() if j.box)),
                 "jobs": jobs, "totals": totals,
                 "merge": self.merge_info or {"state": "not run", "db": str(self.db_path)},
-                "warnings": list(self.problems), "other_failures": list(self.other_failures)}
+                "warnings": list(self.problems), "other_failures": list(self.other_failures),
+                "refused": dict(self.refused)}
 
     def write_report(self, exitstatus: int) -> None:
         """Write ``--report-json`` (tmp file, fsync, rename: the old report or the new one,
         never half).  A failure to write is a warning in the summary, not an error of the run."""
         if self.report_json is None:
             return
-        if int(exitstatus) == pytest.ExitCode.USAGE_ERROR:
+        if int(exitstatus) == pytest.ExitCode.USAGE_ERROR and not self.refused:
             return  # the run never started (e.g. --db refused): stderr says why
         try:
             write_json_atomic(self.report_json, self.report(exitstatus))
@@ -462,13 +481,19 @@ class Harvest:
         if not self.jobs:
             return list(self.report_lines)
         lines = ["=== collect-node-data summary ==="]
-        for box in dict.fromkeys(j.box for j in self.jobs.values() if j.box):
+        for why in self.refused.values():
+            lines.extend(textwrap.wrap(f"ERROR: {why}", 119, subsequent_indent="  ",
+                                       break_on_hyphens=False))
+        jobs = [j for j in self.jobs.values() if j.gpu not in self.refused]
+        for box in dict.fromkeys(j.box for j in jobs if j.box):
             lines.append(f"box {box}")
-        spent = sum(j.seconds + sum(t["seconds"] for t in j.top_ups) for j in self.jobs.values())
-        lines.append(f"sweep: {spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s per card")
-        from harness.summary import jobs_table
+        if jobs:
+            from harness.summary import jobs_table
 
-        lines.extend(jobs_table(list(self.jobs.values())))
+            spent = sum(j.seconds + sum(t["seconds"] for t in j.top_ups) for j in jobs)
+            lines.append(f"sweep: {spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s "
+                         "per card")
+            lines.extend(jobs_table(jobs))
         lines.extend(self.receipt_lines)
         lines.extend(f"warning: {p}" for p in self.problems)
         lines.extend(self.report_lines)
@@ -480,6 +505,9 @@ class Harvest:
         line a script can read, as the original printed."""
         m = self.merge_info
         merge = m.get("state", "not run")
+        if self.refused and int(exitstatus) != pytest.ExitCode.INTERRUPTED:
+            return (f"status: FAILED (usage error: {', '.join(f'--gpu={g}' for g in self.refused)}"
+                    f" refused, the box has another card; {m.get('merged', 0)} rows merged)")
         if int(exitstatus) == pytest.ExitCode.INTERRUPTED:
             stopped = [j for j in self.jobs.values() if j.outcome == "interrupted"]
             what = f"job {stopped[0].slice}-{stopped[0].kind} stopped and harvested" if stopped \

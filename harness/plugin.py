@@ -34,6 +34,7 @@ SESSION_KEY = pytest.StashKey[str]()
 PROGRESS_KEY = pytest.StashKey["Progress"]()
 SWEEP_IDS_KEY = pytest.StashKey[set]()
 JOB_FIXTURE = "sweep_job"
+REFUSED_OUTPUT = "emmy_refused"  # an xdist worker's cards refused for another card on the box
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -344,6 +345,21 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config
     return ("error", "", "ERROR")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A card's box is opened before its first job runs: a box with another card than
+    ``--gpu`` names is a usage error, and none of that card's jobs runs or reports (no
+    failure, no skip; the run ends with the message and exit status 4)."""
+    coll = item.config.stash.get(COLLECTION_KEY, None)
+    callspec = getattr(item, "callspec", None)
+    if coll is None or callspec is None or JOB_FIXTURE not in callspec.params:
+        return None
+    gpu = callspec.params[JOB_FIXTURE][0]
+    if coll.open_before_jobs(gpu, item.config.stash[PROGRESS_KEY]):
+        return None
+    return True  # handled: the card was refused
+
+
 def _key_words(key: Any) -> tuple[str, str, str]:
     gpu, job = key
     return gpu, job.slice, job.kind
@@ -353,6 +369,10 @@ def _key_words(key: Any) -> tuple[str, str, str]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the session's fixtures are torn down (boxes unlocked, servers released): merge
     what is left, back up, write the report; rows that were rejected fail the session."""
+    coll = session.config.stash.get(COLLECTION_KEY, None)
+    worker_output = getattr(session.config, "workeroutput", None)
+    if coll is not None and coll.refused and worker_output is not None:
+        worker_output[REFUSED_OUTPUT] = dict(coll.refused)  # to the controller's harvest
     harvest = session.config.stash.get(HARVEST_KEY, None)
     if harvest is None:
         return
@@ -372,6 +392,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     finally:  # also when the merge or a release raised: write what is known
         if harvest.exit_status is not None and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = harvest.exit_status
+        if harvest.refused and session.exitstatus != pytest.ExitCode.INTERRUPTED:
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR  # a box with another card
         harvest.write_report(session.exitstatus)
 
 

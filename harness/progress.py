@@ -9,8 +9,8 @@ the shape it measures.
   the job's result, once the job is home.  Events a person must see (a box unreachable, a stop,
   a session that died) are printed above it.
 - Elsewhere (CI, a file) the same facts come as plain lines, each under :data:`PLAIN_WIDTH`
-  characters: the events, and a job's line at most once every ``heartbeat_s`` (so a run prints
-  a few lines a minute at most, whatever its jobs do).  With ``-v`` every change of a job's
+  characters: the events, and a job's line at most once every :func:`heartbeat_s` (a few for
+  a short run, one every five minutes for a long one, whatever its jobs do).  With ``-v`` every change of a job's
   line is printed, and so is every routine step (pushing, merging, the box log's lines).
 """
 
@@ -33,9 +33,10 @@ PREFIX = "  [collect] "
 
 
 def heartbeat_s(budget_s: float) -> float:
-    """How often, at most, a plain job line is printed: a tenth of the budget, within a minute
-    and five (a 300 s run prints a handful; an hour's run one every five minutes)."""
-    return min(300.0, max(60.0, budget_s / 10))
+    """How often, at most, a plain job line is printed: a third of the budget, within a
+    minute and five (a 300 s run prints three or four; an hour's run one every five
+    minutes)."""
+    return min(300.0, max(60.0, budget_s / 3))
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class JobView:
 
     gpu: str
     job: str  # the entry's id: own-matmul, own-matmul.top1
-    place: str  # "job 3 of 24", "top-up"
+    place: str  # "job 3/24", "top-up"
     done: int = 0  # points measured by this run of the job
     total: int = 0  # of those it had to measure
     elapsed_s: float = 0.0  # the box's seconds of the job
@@ -95,21 +96,33 @@ def render(v: JobView, width: int, bar: bool = False) -> str:
     if not v.done and not v.total and v.state and v.state != "waiting":  # skipped, say
         line = f"{head}: {v.state}"
         return line if len(line) <= width else line[:width - 1] + "…"
-    meter = "{desc}: {n_fmt}/{total_fmt} pts |{bar}| {rate_fmt}" if bar else \
-        "{desc}: {n_fmt}/{total_fmt} pts, {rate_fmt}"
     shape = v.shape or ""
-    tries = [shape, shape[:24] + "…" if len(shape) > 25 else shape, None]
-    text = ""
-    for name in tries:
-        best = ""
-        if v.best_us is not None and name is not None:
-            best = f"; best {format_us(v.best_us)}" + (f" on {name}" if name else "")
-        fmt = meter + (", {when}" if when else "") + "{best}"
-        text = tqdm.format_meter(v.done, v.total or None, v.elapsed_s, ncols=width if bar else None,
-                                 prefix=head, unit="pt", rate=rate, bar_format=fmt,
-                                 when=when, best=best)
-        if not bar:
-            text = " ".join(text.split())
+    bests = [""]
+    if v.best_us is not None:
+        best = f"; best {format_us(v.best_us)}"
+        bests = [best + f" on {shape}" if shape else best, best, ""]
+
+    def meter(best: str, with_bar: bool) -> str:
+        fmt = ("{desc}: {n_fmt}/{total_fmt} pts |{bar}| {rate_fmt}" if with_bar else
+               "{desc}: {n_fmt}/{total_fmt} pts, {rate_fmt}") + (", {when}" if when else "") \
+            + "{best}"
+        text = tqdm.format_meter(v.done, v.total or None, v.elapsed_s,
+                                 ncols=width if with_bar else None, prefix=head, unit="pt",
+                                 rate=rate, bar_format=fmt, when=when, best=best)
+        return text if with_bar else " ".join(text.split())
+
+    def fitted(best: str, room: int) -> str:  # the shape's name cut to the room there is
+        over = len(meter(best, False)) - room
+        if over > 0 and shape and best.endswith(shape) and len(shape) - over >= 12:
+            return best[:len(best) - over - 1] + "…"
+        return best
+
+    for best in bests:  # on a terminal, with a bar of at least 12 columns
+        best = fitted(best, width - 14)
+        if bar and len(meter(best, False)) + 14 <= width:
+            return meter(best, True)
+    for best in bests:
+        text = meter(fitted(best, width), False)
         if len(text) <= width:
             return text
     return text[:width - 1] + "…"

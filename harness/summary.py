@@ -138,7 +138,7 @@ def best_table(best: Sequence[tuple[str, str, str, float, str, str]]) -> list[st
     if len(cards) == 1:
         title += f" on {cards[0]}"
     if show_torch or show_compile:
-        title += " (its time over torch's and torch.compile's: below 1x is faster)"
+        title += " (torch, compile: its time over theirs)"
     table = tabulate(rows, headers=[name for name, _ in cols], tablefmt="simple",
                      disable_numparse=True)
     return [*textwrap.wrap(title + ":", WIDTH), *table.splitlines()]
