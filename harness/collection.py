@@ -292,8 +292,8 @@ class Collection:
         driver.start_run(self.run_id, record, self.ledger_path)
         jobs = [j for g, j in self.order if g == gpu]
         spec = self._spec(card, probe["regime"], jobs, self.opts.budget_s, self.run_id)
-        progress(f"box {transport.name}: {card.name} ({probe['regime']}); {len(jobs)} jobs, "
-                 f"budget {spec.budget_s:.0f}s, in tmux session {driver.sweep_session}")
+        progress(f"box {transport.name}: {card.name} ({probe['regime']}); {len(jobs)} jobs in "
+                 f"{spec.budget_s:.0f}s, tmux session {driver.sweep_session}")
         driver.start_session(spec, progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, spec=spec,
                          setup_s=time.monotonic() - t0, leftovers=leftovers,
