@@ -291,7 +291,10 @@ class Harvest:
                                      kept=m["kept"], duplicates=m["duplicate"], per_card=m["per_card"],
                                      per_card_regime=counts)
                 self.receipt_lines.extend(m["leftovers"])
-                self.receipt_lines.extend(format_receipt(total).splitlines())
+                receipt = format_receipt(total).splitlines()
+                if len(receipt) == 3:  # one card: its count on the line that announces it
+                    receipt[1:] = [f"{receipt[1]} {receipt[2].strip()}"]
+                self.receipt_lines.extend(receipt)
                 from harness.summary import best_per_shape
 
                 self.receipt_lines.extend(best_per_shape(
@@ -485,14 +488,16 @@ class Harvest:
             lines.extend(textwrap.wrap(f"ERROR: {why}", 119, subsequent_indent="  ",
                                        break_on_hyphens=False))
         jobs = [j for j in self.jobs.values() if j.gpu not in self.refused]
-        for box in dict.fromkeys(j.box for j in jobs if j.box):
-            lines.append(f"box {box}")
+        boxes = list(dict.fromkeys(j.box for j in jobs if j.box))
+        if len(boxes) != 1:
+            lines.extend(f"box {box}" for box in boxes)
         if jobs:
             from harness.summary import jobs_table
 
             spent = sum(j.seconds + sum(t["seconds"] for t in j.top_ups) for j in jobs)
-            lines.append(f"sweep: {spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s "
-                         "per card")
+            sweep = f"{spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s"
+            lines.extend(textwrap.wrap(f"box {boxes[0]}; {sweep}" if len(boxes) == 1 else
+                                       f"sweep: {sweep} per card", 119, subsequent_indent="  "))
             lines.extend(jobs_table(jobs))
         lines.extend(self.receipt_lines)
         lines.extend(f"warning: {p}" for p in self.problems)

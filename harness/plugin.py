@@ -316,15 +316,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def _progress(config: pytest.Config, opts: RunOptions) -> Progress:
-    """The run's lines (:mod:`harness.progress`).  On a terminal each job's line is its
-    result, so pytest's own letters and file names for the jobs are left out."""
+    """The run's lines (:mod:`harness.progress`).  pytest's file name before its letters is
+    left out (the jobs are all one file's, and every line of the run's own would start it
+    again); on a terminal each job's line is its result, so its letters are left out too."""
     from harness.progress import Progress, PytestTerminal, heartbeat_s
 
     reporter = config.pluginmanager.getplugin("terminalreporter")
     term = PytestTerminal(reporter, config.pluginmanager.getplugin("capturemanager"))
     progress = config.stash[PROGRESS_KEY] = Progress(
         term, verbose=int(config.option.verbose or 0), heartbeat_s=heartbeat_s(opts.budget_s))
-    if term.tty and int(config.option.verbose or 0) <= 0:
+    if reporter is not None and int(config.option.verbose or 0) <= 0:
         reporter.showfspath = False
     return progress
 

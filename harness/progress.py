@@ -33,10 +33,10 @@ PREFIX = "  [collect] "
 
 
 def heartbeat_s(budget_s: float) -> float:
-    """How often, at most, a plain job line is printed: a third of the budget, within a
-    minute and five (a 300 s run prints three or four; an hour's run one every five
+    """How often, at most, a plain job line is printed: a fifth of the budget twice over,
+    within a minute and five (a 300 s run prints two; an hour's run one every five
     minutes)."""
-    return min(300.0, max(60.0, budget_s / 3))
+    return min(300.0, max(60.0, budget_s / 2.5))
 
 
 @dataclass(frozen=True)

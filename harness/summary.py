@@ -32,7 +32,6 @@ def jobs_table(jobs: Sequence[Any]) -> list[str]:
     cards = list(dict.fromkeys(j.card or j.gpu for j in jobs))
     out: list[str] = []
     notes: list[str] = []
-    topped = False
     for card in cards:
         mine = [j for j in jobs if (j.card or j.gpu) == card]
         slices = [s for s in SLICES if any(j.slice == s for j in mine)]
@@ -40,7 +39,6 @@ def jobs_table(jobs: Sequence[Any]) -> list[str]:
         cells: dict[tuple[str, str], str] = {}
         for j in mine:
             text, note = _cell(j)
-            topped = topped or bool(j.top_ups)
             if note:
                 who = f"{card} " if len(cards) > 1 else ""
                 notes.append(f"[{len(notes) + 1}] {who}{j.slice} {j.kind}: {note}")
@@ -51,8 +49,6 @@ def jobs_table(jobs: Sequence[Any]) -> list[str]:
             out.append(f"jobs on {card}:")
         out.extend(tabulate(rows, headers=["kind", *slices], tablefmt="simple",
                             disable_numparse=True).splitlines())
-    if topped:
-        notes.insert(0, "* with its top-ups (time left over once every job had run)")
     for note in notes:
         out.extend(textwrap.wrap(note, WIDTH, subsequent_indent="    ",
                                  break_on_hyphens=False) or [note])
@@ -72,7 +68,9 @@ def _cell(j: Any) -> tuple[str, str | None]:
     if not tops and j.points_total and j.points_done is not None \
             and j.points_total > j.points_done and state == "done (budget spent)":
         parts.append(f"{j.points_total - j.points_done} left")
-    text = ", ".join(parts) + (" *" if tops else "")
+    if tops:  # the time left over once every job had run
+        parts.append("topped up" if len(tops) == 1 else f"topped up {len(tops)}x")
+    text = ", ".join(parts)
     odd_tops = [t for t in tops if t.get("state") not in PLAIN_ENDS]
     if state in PLAIN_ENDS and not odd_tops:
         return text, None

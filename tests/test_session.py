@@ -27,6 +27,7 @@ from tests.runs import (
     measurements,
     session_alive,
     signal_service,
+    summary_jobs,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,9 +74,11 @@ def test_a_killed_service_its_job_resumes_in_a_new_session_nothing_measured_twic
     assert re.search(r"the box service died \(its tmux session is gone\); starting a new session "
                      r"for what is left of own-softmax and the 1 job\(s\) it had not begun", out), \
         out[-3000:]
-    assert re.search(r"own   softmax .* done \(pool exhausted\); resumed in a new session after "
-                     r"its run died: the box service died", out), out[-3000:]
-    assert re.search(r"own   rms_norm .* done \(pool exhausted\)", out), out[-3000:]
+    jobs = summary_jobs(out)
+    assert jobs[("own", "softmax")]["state"].startswith(
+        "done (pool exhausted); resumed in a new session after its run died: the box service "
+        "died"), out[-3000:]
+    assert jobs[("own", "rms_norm")]["state"] == "done", out[-3000:]
     assert rc == 0 and "status: COMPLETE" in out, out[-3000:]
     # two sessions of one run; the second took on the rest of the died job, then the other
     statuses = [SessionStatus.from_json(f.read_text())
@@ -106,9 +109,11 @@ def test_a_service_ended_by_a_hang_up_says_so_and_its_job_resumes(tmp_path: Path
     signal_service(run.box, signal.SIGHUP)
     rc, out = run.finish()
     assert rc == 0, out[-3000:]
-    assert re.search(r"own   softmax .* done \(pool exhausted\); resumed in a new session after "
-                     r"its run died: the service was ended by SIGHUP", out), out[-3000:]
-    assert re.search(r"own   rms_norm .* done \(pool exhausted\)", out), out[-3000:]
+    jobs = summary_jobs(out)
+    assert jobs[("own", "softmax")]["state"].startswith(
+        "done (pool exhausted); resumed in a new session after its run died: the service was "
+        "ended by SIGHUP"), out[-3000:]
+    assert jobs[("own", "rms_norm")]["state"] == "done", out[-3000:]
     (first,) = [SessionStatus.from_json(f.read_text())
                 for f in (run.box / "service").glob("bench-*/status.json")
                 if not f.parent.name.endswith(".2")]
