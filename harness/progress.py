@@ -117,13 +117,17 @@ def render(v: JobView, width: int, bar: bool = False) -> str:
             return best[:len(best) - over - 1] + "…"
         return best
 
-    for best in bests:  # on a terminal, with a bar of at least 12 columns
-        best = fitted(best, width - 14)
-        if bar and len(meter(best, False)) + 14 <= width:
+    # the best time before the bar (of at least 10 columns), the bar before the shape's name
+    tries = [(b, True) for b in bests[:2]] + [(b, False) for b in bests[:2]] + \
+        [("", True), ("", False)] if len(bests) > 1 else [("", True), ("", False)]
+    for best, with_bar in tries:
+        if with_bar and not bar:
+            continue
+        best = fitted(best, width - 12 if with_bar else width)
+        text = meter(best, False)
+        if with_bar and len(text) + 12 <= width:
             return meter(best, True)
-    for best in bests:
-        text = meter(fitted(best, width), False)
-        if len(text) <= width:
+        if not with_bar and len(text) <= width:
             return text
     return text[:width - 1] + "…"
 

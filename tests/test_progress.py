@@ -20,6 +20,7 @@ class FakeTerminal:
         self.lines: list[str] = []  # the finished lines, in order
         self.drawn: str | None = None  # the line drawn in place now
         self.redraws = 0
+        self.history: list[str] = []  # every line drawn in place
 
     def line(self, text: str) -> None:
         assert self.drawn is None, "a whole line written over a line drawn in place"
@@ -28,6 +29,7 @@ class FakeTerminal:
     def redraw(self, text: str) -> None:
         self.drawn = text
         self.redraws += 1
+        self.history.append(text)
 
     def end_redraw(self) -> None:
         self.lines.append(self.drawn or "")
@@ -129,7 +131,7 @@ def test_plain_lines_with_v_say_every_change_and_every_step() -> None:
 
 
 def test_on_a_terminal_each_job_has_one_line_redrawn_in_place() -> None:
-    term = FakeTerminal(tty=True, columns=100)
+    term = FakeTerminal(tty=True, columns=120)
     p = Progress(term)
     p.note("box local: pushing the harness to /tmp/box")  # drawn, then replaced
     p("box local: setup in tmux session emmy-node-setup-1")
@@ -146,8 +148,13 @@ def test_on_a_terminal_each_job_has_one_line_redrawn_in_place() -> None:
         "  [collect] box local unreachable; the session goes on in tmux, still waiting",
         term.lines[2],
         "local own-matmul [job 2/2]: skipped: no points"]
-    assert term.lines[2].startswith("local own-softmax [job 1/2]: 12/38 pts |")
-    assert "done (pool exhausted)" in term.lines[2] and len(term.lines[2]) <= 99
+    assert term.lines[2].startswith("local own-softmax [job 1/2]: 12/38 pts")
+    assert "done (pool exhausted)" in term.lines[2] and len(term.lines[2]) <= 119
+    # while it ran: a bar, the pace, both ETAs and the best time, in the terminal's width
+    ran = [line for line in term.history if line.startswith("local own-softmax [job 1/2]: 9/")]
+    assert ran[-1].startswith("local own-softmax [job 1/2]: 9/38 pts |██")
+    assert "ETA job 00:30, session 04:10; best 23.90ms on attention_b" in ran[-1]
+    assert all(len(line) <= 119 for line in term.history)
     assert term.redraws >= 8
 
 
