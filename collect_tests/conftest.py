@@ -33,7 +33,8 @@ def progress(pytestconfig: pytest.Config) -> Progress:
         return made
     reporter = pytestconfig.pluginmanager.getplugin("terminalreporter")
     capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-    return Progress(PytestTerminal(reporter, capman))
+    return Progress(PytestTerminal(reporter, capman, pytestconfig.get_terminal_writer()
+                                   if reporter is not None else None))
 
 
 @pytest.fixture(scope="session")

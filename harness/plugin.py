@@ -42,9 +42,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gpu", default=cards.LOCAL,
                 help="card alias the box must have (l40s, h100, h200, a100-80, rtx4090, …; a comma "
                      "list for several cards), 'auto' to accept the box's card, or 'local' to use "
-                     "this machine as the box (default: local)")
+                     "this machine as the box; a box with another card is a usage error (exit "
+                     "status 4) and none of its card's jobs runs (default: local)")
     g.addoption("--budget-s", type=float, default=3600.0,
-                help="wall-clock seconds for the whole sweep, shared by the jobs (default 3600)")
+                help="wall-clock seconds of each card's sweep, shared by its jobs; setup is not "
+                     "counted (default 3600)")
     g.addoption("--db", default=None,
                 help="node table to merge into (default $EMMY_TUNE_DB or ~/.cache/emmy/autotune.db)")
     g.addoption("--ledger", default=None,
@@ -90,7 +92,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "local, 60 remote); the box never waits for them")
     g.addoption("--timeout-s", type=float, default=None,
                 help="stop and harvest the sweep this many seconds after setup (default: the "
-                     "budget plus 80 s per job)")
+                     "budget plus 80 s per job and 80 s more)")
     g.addoption("--tmux-socket", default=None,
                 help="tmux server socket name on the box (tmux -L); default: the user's server")
     g.addoption("--no-merge", action="store_true", default=False,
@@ -322,7 +324,8 @@ def _progress(config: pytest.Config, opts: RunOptions) -> Progress:
     from harness.progress import Progress, PytestTerminal, heartbeat_s
 
     reporter = config.pluginmanager.getplugin("terminalreporter")
-    term = PytestTerminal(reporter, config.pluginmanager.getplugin("capturemanager"))
+    term = PytestTerminal(reporter, config.pluginmanager.getplugin("capturemanager"),
+                          config.get_terminal_writer() if reporter is not None else None)
     progress = config.stash[PROGRESS_KEY] = Progress(
         term, verbose=int(config.option.verbose or 0), heartbeat_s=heartbeat_s(opts.budget_s))
     if reporter is not None and int(config.option.verbose or 0) <= 0:

@@ -149,9 +149,10 @@ class Terminal(Protocol):
 class PytestTerminal:
     """pytest's terminal, written outside its output capture (the run's tests capture)."""
 
-    def __init__(self, reporter: Any, capman: Any) -> None:
+    def __init__(self, reporter: Any, capman: Any, writer: Any = None) -> None:
         self.reporter = reporter
         self.capman = capman
+        self.writer = writer  # pytest's TerminalWriter: where its current line stands
         self.tty = bool(reporter is not None and getattr(reporter, "isatty", False))
 
     def _out(self, write: Callable[[], None]) -> None:
@@ -164,7 +165,11 @@ class PytestTerminal:
             write()
 
     def line(self, text: str) -> None:
-        self._out(lambda: self.reporter.write_line(text))
+        def write() -> None:
+            if self.writer is not None and self.writer.width_of_current_line:
+                self.reporter.write("\n")  # after pytest's letters, which have no file name
+            self.reporter.write_line(text)
+        self._out(write)
 
     def redraw(self, text: str) -> None:
         def write() -> None:
