@@ -179,7 +179,11 @@ def test_status_shows_the_boxs_session_from_another_terminal(tmp_path: Path,
     assert re.search(r"^lock: held by pid \d+ on ", out, re.M), out
     assert re.search(rf"^session bench-\S+ \(run bench-\S+\): running; tmux session {name}: "
                      r"alive$", out, re.M), out
-    assert re.search(r"^  job 1 of 2 +own-\w+ +running +\d+s of \d+s allotted", out, re.M), out
+    # the box's own estimates: the job's and the session's time to go, its points so far
+    assert re.search(r"^  job 1 of 2 +own-\w+ +running +\d+s of \d+s allotted \(about \d+s to go\), "
+                     r"\d+ measured, \d+ of \d+ points left", out, re.M), out
+    assert re.search(r"^card Triton CPU interpreter \(interpret\), .*s left, about \d+s to go$",
+                     out, re.M), out
     assert re.search(r"^last lines of sweep.log:\n(  .*\n)*  \[batch 1\] own", out, re.M), out
     rc, end = run.finish()
     assert rc == 0, end[-3000:]
