@@ -324,11 +324,13 @@ def _progress(config: pytest.Config, opts: RunOptions) -> Progress:
     from harness.progress import Progress, PytestTerminal, heartbeat_s
 
     reporter = config.pluginmanager.getplugin("terminalreporter")
+    verbose = int(config.option.verbose or 0)
     term = PytestTerminal(reporter, config.pluginmanager.getplugin("capturemanager"),
                           config.get_terminal_writer() if reporter is not None else None)
-    progress = config.stash[PROGRESS_KEY] = Progress(
-        term, verbose=int(config.option.verbose or 0), heartbeat_s=heartbeat_s(opts.budget_s))
-    if reporter is not None and int(config.option.verbose or 0) <= 0:
+    term.tty = term.tty and verbose <= 0  # -v: pytest's line per test, and every step plain
+    progress = config.stash[PROGRESS_KEY] = Progress(term, verbose=verbose,
+                                                     heartbeat_s=heartbeat_s(opts.budget_s))
+    if reporter is not None and verbose <= 0:
         reporter.showfspath = False
     return progress
 

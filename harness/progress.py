@@ -118,8 +118,8 @@ def render(v: JobView, width: int, bar: bool = False) -> str:
         return best
 
     # the best time before the bar (of at least 10 columns), the bar before the shape's name
-    tries = [(b, True) for b in bests[:2]] + [(b, False) for b in bests[:2]] + \
-        [("", True), ("", False)] if len(bests) > 1 else [("", True), ("", False)]
+    named = [b for b in bests[:2] if b]
+    tries = [(b, True) for b in named] + [(b, False) for b in named] + [("", True), ("", False)]
     for best, with_bar in tries:
         if with_bar and not bar:
             continue
