@@ -212,3 +212,9 @@ def summary_jobs(out: str) -> dict[tuple[str, str], dict[str, Any]]:
                                 "benched": int(benched[1]) if benched else 0,
                                 "failed": int(failed[1]) if failed else 0}
     return jobs
+
+
+def unwrapped(out: str) -> str:
+    """A run's output with its own long lines joined again (a plain line of the run's is
+    broken under 120 characters, its rest indented under ``  [collect]   ``)."""
+    return re.sub(r"\n  \[collect\]   ", " ", out)

@@ -28,6 +28,7 @@ from tests.runs import (
     session_alive,
     signal_service,
     summary_jobs,
+    unwrapped,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,8 +73,8 @@ def test_a_killed_service_its_job_resumes_in_a_new_session_nothing_measured_twic
     rc, out = run.finish()
     assert "Traceback" not in out
     assert re.search(r"the box service died \(its tmux session is gone\); starting a new session "
-                     r"for what is left of own-softmax and the 1 job\(s\) it had not begun", out), \
-        out[-3000:]
+                     r"for what is left of own-softmax and the 1 job\(s\) it had not begun",
+                     unwrapped(out)), out[-3000:]
     jobs = summary_jobs(out)
     assert jobs[("own", "softmax")]["state"].startswith(
         "done (pool exhausted); resumed in a new session after its run died: the box service "
