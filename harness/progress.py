@@ -181,7 +181,11 @@ class PytestTerminal:
         self._out(lambda: self.reporter.write("\n", flush=True))
 
     def width(self) -> int:
-        return shutil.get_terminal_size().columns
+        # measured with pytest's capture off: under it, stdout is not the terminal
+        got: list[int] = []
+        self._out(lambda: got.append(int(self.writer.fullwidth) if self.writer is not None
+                                     else shutil.get_terminal_size().columns))
+        return got[0] if got else 80
 
 
 class Progress:
