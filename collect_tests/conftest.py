@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from harness.collection import BoxState, Collection
-from harness.plugin import COLLECTION_KEY
+from harness.plugin import COLLECTION_KEY, PROGRESS_KEY
+from harness.progress import Progress, PytestTerminal
 
 
 @pytest.fixture(scope="session")
@@ -24,22 +25,20 @@ def collection(pytestconfig: pytest.Config) -> Collection:
 
 
 @pytest.fixture(scope="session")
-def progress(pytestconfig: pytest.Config) -> Callable[[str], None]:
-    """Write a line to the terminal while a job runs (outside pytest's output capture)."""
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+def progress(pytestconfig: pytest.Config) -> Progress:
+    """The run's lines while jobs run (outside pytest's output capture; see
+    :mod:`harness.progress`)."""
+    made = pytestconfig.stash.get(PROGRESS_KEY, None)
+    if made is not None:
+        return made
     reporter = pytestconfig.pluginmanager.getplugin("terminalreporter")
-
-    def say(line: str) -> None:
-        if reporter is None:
-            return
-        with capman.global_and_fixture_disabled():
-            reporter.write_line(f"  [collect] {line}")
-
-    return say
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    return Progress(PytestTerminal(reporter, capman, pytestconfig.get_terminal_writer()
+                                   if reporter is not None else None))
 
 
 @pytest.fixture(scope="session")
-def boxes(collection: Collection, progress: Callable[[str], None]) -> Iterator[Callable[[str], BoxState]]:
+def boxes(collection: Collection, progress: Progress) -> Iterator[Callable[[str], BoxState]]:
     opened: list[str] = []
 
     def get(gpu: str) -> BoxState:

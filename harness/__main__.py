@@ -39,7 +39,9 @@ def _add_merge(subparsers: Any) -> None:
         "is set aside with its reason in a rejected-rows file and the others merge; the exit "
         "status is then 1.",
     )
-    p.add_argument("rows_files", nargs="+", type=Path, metavar="ROWS.jsonl")
+    p.add_argument("rows_files", nargs="+", type=Path, metavar="ROWS.jsonl",
+                   help="rows files a run fetched (one JSON row a line), e.g. "
+                        "~/.cache/emmy/node-collect/rows/*/*.jsonl")
     p.add_argument(
         "--db",
         type=Path,
@@ -151,7 +153,8 @@ def rejected_line(receipt: Any) -> str:
 
 def _add_goldens(subparsers: Any) -> None:
     p = subparsers.add_parser("goldens", help="golden shapes and per-card anchors")
-    sub = p.add_subparsers(dest="goldens_command", required=True, metavar="ACTION")
+    sub = p.add_subparsers(dest="goldens_command", required=True, metavar="ACTION",
+                           help="record: write a card's anchors from the node table")
     r = sub.add_parser("record", help="write a card's anchors: its best deployable ok spec per "
                        "shape in the node table (ties: lower variance; never interpret rows)")
     r.add_argument("--db", type=Path, default=None, help="node table (default $EMMY_TUNE_DB or "
@@ -460,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m harness", description="collect-node-data: the node table and its tools."
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                       help="what to do (each command has its own --help)")
     for add in SUBCOMMANDS:
         add(subparsers)
     return parser

@@ -367,13 +367,15 @@ mv {status}.tmp {status}
     def wait_entry(self, entry_id: str | None, deadline: float,
                    on_line: Callable[[str], None] | None = None,
                    on_status: Callable[[SessionStatus], None] | None = None,
-                   mine: Callable[[str], bool] = lambda line: True) -> str:
+                   mine: Callable[[str], bool] = lambda line: True,
+                   on_event: Callable[[str], None] | None = None) -> str:
         """Poll until the session's entry ``entry_id`` is final (None: the whole session),
         and say why the wait ended: ``final``, ``dead`` (the service is gone without ending
         the session: two polls in a row) or ``timeout`` (``deadline`` on this clock).  Each
         poll hands the log's newest line to ``on_line`` when ``mine`` says it is the waiter's,
         and the status to ``on_status``.  A poll the box does not answer is not a dead
-        session: say so once, keep waiting."""
+        session: say so once (to ``on_event``, else ``on_line``), keep waiting."""
+        tell = on_event or on_line
         dead_polls = 0
         last_seen = ""
         down_since: float | None = None
@@ -384,13 +386,13 @@ mv {status}.tmp {status}
             if alive is None:
                 if down_since is None:
                     down_since = self.clock()
-                    if on_line:
-                        on_line(f"box {self.transport.name} unreachable; the session goes on in "
-                                "tmux, still waiting")
+                    if tell:
+                        tell(f"box {self.transport.name} unreachable; the session goes on in "
+                             "tmux, still waiting")
             elif down_since is not None:
-                if on_line:
-                    on_line(f"box {self.transport.name} answers again after "
-                            f"{self.clock() - down_since:.0f}s")
+                if tell:
+                    tell(f"box {self.transport.name} answers again after "
+                         f"{self.clock() - down_since:.0f}s")
                 down_since = None
             if status is not None and on_status:
                 on_status(status)

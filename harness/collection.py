@@ -16,7 +16,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from harness.ledger import Ledger
 from harness.options import RunOptions
 from harness.owner import Owner
 from harness.planner import Job
+from harness.progress import JobView, Progress, job_view
 from harness.remote.boxdir import BoxDirError, BoxLock
 from harness.remote.tmux import Tmux
 from harness.remote.transport import LocalTransport
@@ -62,6 +63,18 @@ SLURM_POLL_S = 30.0  # --poll-s with --provider slurm: one squeue a poll, kind t
 
 class BoxUnusable(BoxError):
     """A box that already failed to open: its other jobs are skipped, the reason said once."""
+
+
+class CardMismatch(BoxError):
+    """The box has another card than ``--gpu`` names: a usage error of the run (exit status 4),
+    said once; none of that card's jobs runs."""
+
+
+def _card_fix(want: cards.Card, have: cards.Card | None) -> str:
+    """What to do about a box with another card."""
+    other = (f"--gpu={have.alias} (the card it has) or " if have is not None
+             and have.name in {c.name for c in cards.CATALOG} else "")
+    return f"run with {other}--gpu=auto, or use a box with {want.name}"
 
 
 class CollectWarning(UserWarning):
@@ -139,7 +152,7 @@ class BoxState:
 class Collection:
     def __init__(self, opts: RunOptions, order: list[JobKey], *,
                  interrupts: Interrupts | None = None, session: str = "",
-                 harvest: Any = None) -> None:
+                 harvest: Any = None, progress: Progress | None = None) -> None:
         self.opts = opts
         self.order = order
         self.shares: Mapping[str, float] = opts.shares
@@ -154,9 +167,12 @@ class Collection:
         self.leases: dict[str, Any] = {}
         self.leases_dir = opts.leases_dir
         self.box_errors: dict[str, str] = {}
+        self.first_errors: dict[str, BaseException] = {}
+        self.refused: dict[str, str] = {}  # cards whose box has another card: why
         self.interrupts = interrupts or Interrupts()
         self.owner = Owner.here(session)
         self.harvest = harvest
+        self.progress = progress or Progress(_Quiet())  # the run's lines (harness.progress)
         self.merging = opts.merging
         self.rejected_path = self.rows_dir / "rejected" / f"{self.run_id}.jsonl"
         self._check_writable()
@@ -207,6 +223,8 @@ class Collection:
         runs left, push, set up, probe, plan."""
         if gpu in self.boxes:
             return self.boxes[gpu]
+        if gpu in self.first_errors:  # opened before its first job: that job says why
+            raise self.first_errors.pop(gpu)
         if gpu in self.box_errors:
             raise BoxUnusable(f"box for --gpu={gpu} is unusable: see the first job's failure")
         try:
@@ -220,6 +238,31 @@ class Collection:
         except Exception as exc:
             self.box_errors[gpu] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise
+
+    def open_before_jobs(self, gpu: str, progress: Progress) -> bool:
+        """Open the card's box before its first job's test starts; say whether its jobs run.
+        A box with another card is a usage error: it is closed (a rented server given back
+        at once), the card is refused, and none of its jobs runs or reports.  Another failure
+        is kept for the first job, which fails with it."""
+        if gpu in self.refused:
+            return False
+        if gpu in self.boxes or gpu in self.box_errors:
+            return True
+        try:
+            self.open_box(gpu, progress)
+        except CardMismatch as exc:
+            self.refused[gpu] = str(exc)
+            self.box_errors.pop(gpu, None)
+            try:
+                self.close_box(gpu, progress)
+            except Exception as close_exc:  # noqa: BLE001 - said, the refusal stands
+                progress(f"box for --gpu={gpu}: closing it failed: {close_exc}")
+            if self.harvest is not None:
+                self.harvest.refuse(gpu, str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - the first job's test fails with it
+            self.first_errors[gpu] = exc
+        return True
 
     def _open_box(self, gpu: str, progress: Callable[[str], None]) -> BoxState:
         t0 = time.monotonic()
@@ -238,7 +281,7 @@ class Collection:
             self._check_card_early(gpu, driver)
         driver.settle_orphan(progress)
         leftovers = self._take_in_leftovers(driver, progress)
-        progress(f"box {transport.name}: pushing the harness to {driver.base}")
+        progress.note(f"box {transport.name}: pushing the harness to {driver.base}")
         driver.push_code()
         if queued:  # the batch job sets up, probes and refuses a node with another card
             card = cards.by_alias(gpu)
@@ -247,7 +290,7 @@ class Collection:
             progress(f"box {transport.name}: setup in tmux session {driver.setup_session}")
             probe = driver.setup()
             card = self._check_card(gpu, probe)
-            progress(f"box {transport.name}: card {card.name} ({probe['regime']})")
+            progress.note(f"box {transport.name}: card {card.name} ({probe['regime']})")
         record = owner_record(self.owner, run_id=self.run_id, db_id=self.db_id,
                               db_path=str(self.db_path), merge=self.merging, gpu=gpu)
         try:
@@ -260,10 +303,9 @@ class Collection:
         driver.start_run(self.run_id, record, self.ledger_path)
         jobs = [j for g, j in self.order if g == gpu]
         spec = self._spec(card, probe["regime"], jobs, self.opts.budget_s, self.run_id)
-        where = ("as a Slurm batch job" if queued else
-                 f"in tmux session {driver.sweep_session}")
-        progress(f"box {transport.name}: starting the session ({len(jobs)} jobs, budget "
-                 f"{spec.budget_s:.0f}s) {where}")
+        where = "a Slurm batch job" if queued else f"tmux session {driver.sweep_session}"
+        progress(f"box {transport.name}: {card.name} ({probe['regime']}); {len(jobs)} jobs in "
+                 f"{spec.budget_s:.0f}s, {where}")
         submitted = time.monotonic()
         driver.start_session(spec, progress)
         state = BoxState(gpu=gpu, driver=driver, probe=probe, card=card, spec=spec,
@@ -482,18 +524,18 @@ class Collection:
         else:
             have, shown = cards.canonicalize(name), name
         if (have.name if have else name) != want.name:
-            raise BoxError(f"--gpu={gpu} wants {want.name} but box {driver.transport.name} has "
-                           f"{shown}; nothing was set up or measured. Use --gpu=auto to accept "
-                           "the box's card, or a box with that card")
+            raise CardMismatch(f"--gpu={gpu} wants {want.name} but box {driver.transport.name} "
+                               f"has {shown}; nothing was set up or measured: "
+                               f"{_card_fix(want, have)}")
 
     def _check_card(self, gpu: str, probe: dict[str, Any]) -> cards.Card:
         card = cards.card_from_probe(probe)
         if gpu not in (cards.LOCAL, cards.AUTO):
             want = cards.by_alias(gpu)
             if want.name != card.name:
-                raise BoxError(f"--gpu={gpu} wants {want.name} but the box has {card.name} "
-                               f"(device {probe.get('device_name')!r}); nothing was measured. "
-                               f"Use --gpu=auto to accept the box's card.")
+                raise CardMismatch(f"--gpu={gpu} wants {want.name} but the box has {card.name} "
+                                   f"(device {probe.get('device_name')!r}); nothing was "
+                                   f"measured: {_card_fix(want, card)}")
         return card
 
     def close_box(self, gpu: str, progress: Callable[[str], None]) -> None:
@@ -565,6 +607,7 @@ class Collection:
                     res.skipped = self._skip_reason(box, entry)
                 elif entry.id not in box.fetched or res.outcome is None:
                     self._harvest(box, entry, say)
+                self._job_done(box, key, entry)
                 if key == self.last_job(gpu):
                     self._finish(box, progress)
             except Interrupted as exc:
@@ -583,6 +626,23 @@ class Collection:
             raise
         return res
 
+    def _job_done(self, box: BoxState, key: JobKey, entry: Entry) -> None:
+        """The job is home: its line, with its result."""
+        res = self.results[key]
+        if res.skipped:
+            state = f"skipped: {res.skipped}"
+        elif res.outcome is None:
+            state = _result(entry)
+        else:
+            stop = res.outcome.summary.get("stop")
+            state = res.outcome.state + (f" ({stop})" if stop else "")
+            if res.merge_error:
+                state += "; its merge failed"
+            elif res.merge is not None and res.merge.rejected:
+                state += f"; {res.merge.rejected} row(s) rejected"
+        self.progress.done(replace(self._view(box, entry), state=state, eta_s=None,
+                                   session_eta_s=None))
+
     def last_job(self, gpu: str) -> JobKey | None:
         mine = [k for k in self.order if k[0] == gpu]
         return mine[-1] if mine else None
@@ -595,15 +655,30 @@ class Collection:
             limit += self.opts.slurm.slurm_setup_s + QUEUE_ALLOWANCE_S
         return box.started + limit
 
+    @staticmethod
+    def _place(box: BoxState, entry: Entry) -> str:
+        """Where a run stands in the card's session: ``job k/N`` or ``top-up``."""
+        if entry.round:
+            return "top-up"
+        k = box.spec.jobs.index(entry.job) + 1 if entry.job in box.spec.jobs else 0
+        return f"job {k}/{len(box.spec.jobs)}"
+
     def _sayer(self, progress: Callable[[str], None], box: BoxState,
                job: Job) -> Callable[[str], None]:
-        k, n = box.spec.jobs.index(job) + 1 if job in box.spec.jobs else 0, len(box.spec.jobs)
+        place = self._place(box, Entry(job.slice, job.kind))
 
-        def say(line: str) -> None:  # every line names the job and the session's time left
-            progress(f"{box.gpu} {job.id} [job {k} of {n}, {box.left_s():.0f}s of the session "
-                     f"left]: {line}")
+        def say(line: str) -> None:  # every line names the job and its place in the session
+            progress(f"{box.gpu} {job.id} [{place}]: {line}")
 
         return say
+
+    def _note(self, box: BoxState, entry: Entry, line: str) -> None:
+        """A routine step of a run (see :meth:`harness.progress.Progress.note`)."""
+        self.progress.note(f"{box.gpu} {entry.id} [{self._place(box, entry)}]: {line}")
+
+    def _view(self, box: BoxState, entry: Entry) -> JobView:
+        """The run's line, as the box's latest status has it."""
+        return job_view(box.gpu, entry, self._place(box, entry), box.status)
 
     def _await(self, box: BoxState, job: Job, say: Callable[[str], None]) -> Entry:
         """The box's account of ``job``'s run once it is final (the job ran, was skipped, or
@@ -622,7 +697,12 @@ class Collection:
             if e is not None and e.state != "planned" and e.state != "skipped" \
                     and "allotted" not in told:
                 told.add("allotted")
-                say(f"{e.allotment_s:.0f}s allotted")
+                self._note(box, e, f"{e.allotment_s:.0f}s allotted")
+            if e is not None and e.state in ("planned", "running"):
+                self.progress.show(self._view(box, e))
+
+        def log_line(line: str) -> None:
+            self._note(box, Entry(job.slice, job.kind), line)
 
         while True:
             if box.failed:
@@ -640,8 +720,8 @@ class Collection:
                 return Entry(job.slice, job.kind, state="skipped",
                              reason=box.stopped_by or "the session ended before it ran")
             try:
-                why = box.driver.wait_entry(entry_id, self._deadline(box), on_line=say, mine=mine,
-                                            on_status=on_status)
+                why = box.driver.wait_entry(entry_id, self._deadline(box), on_line=log_line,
+                                            mine=mine, on_status=on_status, on_event=say)
             except BoxError as exc:  # a batch job that ended before its session began
                 box.failed = str(exc)
                 box.session_over = True
@@ -789,7 +869,8 @@ class Collection:
             outcome.summary["stop"] = f"{box.stopped_by}; harvested"
         try:
             if outcome.rows_path is not None and self.merging:
-                say(f"merging the rows of {entry.id} into {self.db_path}")
+                self._note(box, entry, f"merging the rows of {entry.id} into {self.db_path}")
+                self.progress.state((box.gpu, entry.id), "merging")
                 try:
                     self._merge([RowsFile(outcome.rows_path,
                                           source(self.run_id, outcome.rows_path.name))],
@@ -828,12 +909,26 @@ class Collection:
         """The card's last job is home: wait for the session's end (its top-ups) and bring
         home whatever is left."""
         def say(line: str) -> None:
-            progress(f"{box.gpu} session [top-ups, {box.left_s():.0f}s of the session left]: "
-                     f"{line}")
+            progress(f"{box.gpu} session [top-ups]: {line}")
+
+        def note(line: str) -> None:
+            self.progress.note(f"{box.gpu} session [top-ups]: {line}")
+
+        shown: set[str] = set()
+
+        def on_status(status: SessionStatus) -> None:  # each top-up's line
+            box.see(status)
+            for e in list(box.entries.values()):
+                if e.round and e.state == "running":
+                    shown.add(e.id)
+                    self.progress.show(self._view(box, e))
+                elif e.id in shown and e.final:
+                    shown.discard(e.id)
+                    self.progress.done(replace(self._view(box, e), state=_result(e)))
 
         while not box.session_over and not (box.status and box.status.final):
-            why = box.driver.wait_entry(None, self._deadline(box), on_line=say,
-                                        on_status=box.see)
+            why = box.driver.wait_entry(None, self._deadline(box), on_line=note,
+                                        on_status=on_status, on_event=say)
             if why == "timeout":
                 self._stop(box, f"--timeout-s={self._limit(box):g} reached", say)
             elif why == "dead":
@@ -953,6 +1048,31 @@ class Collection:
         elif r.outcome and r.outcome.rows_path and not self.merging:
             rep["merge"] = {"state": "skipped (--no-merge)"}
         return rep
+
+
+def _result(entry: Entry) -> str:
+    """A run's end as its line says it: ``done (pool exhausted)``, ``skipped: …``."""
+    if entry.state == "skipped":
+        return f"skipped: {entry.reason or 'not run'}"
+    return entry.state + (f" ({entry.reason})" if entry.reason else "")
+
+
+class _Quiet:
+    """No terminal: a collection made without one prints nothing."""
+
+    tty = False
+
+    def line(self, text: str) -> None:
+        pass
+
+    def redraw(self, text: str) -> None:
+        pass
+
+    def end_redraw(self) -> None:
+        pass
+
+    def width(self) -> int:
+        return 80
 
 
 def _nodeid(like: str, gpu: str, job: Job) -> str:

@@ -456,9 +456,12 @@ class Entry:
     allotment_s: float = 0.0
     elapsed_s: float = 0.0
     points_total: int = 0  # the job's points on this card
-    points_left: int = 0  # of them, still to measure (at the start, then at the end)
-    benched: int = 0
+    points_left: int = 0  # of them, still to measure (at the start, as it runs, at the end)
+    benched: int = 0  # points measured by this run so far (as it runs, then at its end)
     ok: int = 0
+    shape: str | None = None  # the shape_id it measures now (its last row's)
+    best_us: float | None = None  # the session's best ok time on that shape so far
+    eta_s: float | None = None  # the box's estimate of its seconds to go (running)
 
     @property
     def job(self) -> JobRef:
@@ -495,6 +498,7 @@ class SessionStatus:
     error: str | None = None
     current: str | None = None  # the id of the entry running now
     started_at: float | None = None  # the box's wall clock when the service took the request
+    eta_s: float | None = None  # the box's estimate of the session's seconds to go
     ended_at: float | None = None  # ... and when the session ended
     entries: list[Entry] = field(default_factory=list)
 

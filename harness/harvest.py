@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class Harvest:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     status: str = ""  # the summary's last line: status: COMPLETE (…) / FAILED (…) / INTERRUPTED (…)
     exit_status: int | None = None  # what the session's exit status should become, if worse
+    refused: dict[str, str] = field(default_factory=dict)  # --gpu token → why its box was refused
 
     def select(self, jobs: list[tuple[str, str, str, str]]) -> None:
         """Every job pytest selected (nodeid, gpu, slice, kind), in run order: each is in the
@@ -106,6 +108,22 @@ class Harvest:
         for nodeid, gpu, slice_, kind in jobs:
             self.jobs.setdefault(nodeid, JobReport(gpu=gpu, slice=slice_, kind=kind,
                                                    outcome="not_run"))
+
+    def refuse(self, gpu: str, why: str) -> None:
+        """The box of ``gpu`` has another card: none of its jobs runs (a usage error)."""
+        self.refused[gpu] = why
+        for job in self.jobs.values():
+            if job.gpu == gpu and job.outcome == "not_run":
+                job.reason = why
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist: the cards a worker refused (see :meth:`refuse`)."""
+        from harness.plugin import REFUSED_OUTPUT
+
+        for gpu, why in (getattr(node, "workeroutput", None) or {}).get(REFUSED_OUTPUT,
+                                                                       {}).items():
+            self.refuse(str(gpu), str(why))
 
     def note_job(self, nodeid: str, data: dict[str, Any], outcome: str, reason: str | None) -> None:
         """A job's report handed over directly (the job was interrupted, so pytest reports
@@ -273,7 +291,12 @@ class Harvest:
                                      kept=m["kept"], duplicates=m["duplicate"], per_card=m["per_card"],
                                      per_card_regime=counts)
                 self.receipt_lines.extend(m["leftovers"])
-                self.receipt_lines.extend(format_receipt(total).splitlines())
+                receipt = format_receipt(total).splitlines()
+                if len(receipt) == 3:  # one card: its count on the line that announces it
+                    receipt[1:] = [f"{receipt[1]} {receipt[2].strip()}"]
+                self.receipt_lines.extend(receipt)
+                from harness.summary import best_per_shape
+
                 self.receipt_lines.extend(best_per_shape(
                     store._conn, sorted({j.run_id for j in self.jobs.values() if j.run_id})))
                 self.receipt_lines.append(f"db: {self.db_path}")
@@ -480,14 +503,15 @@ class Harvest:
                 "boxes": list(dict.fromkeys(j.box for j in self.jobs.values() if j.box)),
                 "jobs": jobs, "totals": totals,
                 "merge": self.merge_info or {"state": "not run", "db": str(self.db_path)},
-                "warnings": list(self.problems), "other_failures": list(self.other_failures)}
+                "warnings": list(self.problems), "other_failures": list(self.other_failures),
+                "refused": dict(self.refused)}
 
     def write_report(self, exitstatus: int) -> None:
         """Write ``--report-json`` (tmp file, fsync, rename: the old report or the new one,
         never half).  A failure to write is a warning in the summary, not an error of the run."""
         if self.report_json is None:
             return
-        if int(exitstatus) == pytest.ExitCode.USAGE_ERROR:
+        if int(exitstatus) == pytest.ExitCode.USAGE_ERROR and not self.refused:
             return  # the run never started (e.g. --db refused): stderr says why
         try:
             write_json_atomic(self.report_json, self.report(exitstatus))
@@ -500,22 +524,22 @@ class Harvest:
     def summary_lines(self, exitstatus: int = 0) -> list[str]:
         if not self.jobs:
             return list(self.report_lines)
-        lines = ["", "=== collect-node-data summary ==="]
-        for box in dict.fromkeys(j.box for j in self.jobs.values() if j.box):
-            lines.append(f"box {box}")
-        spent = sum(j.seconds + sum(t["seconds"] for t in j.top_ups) for j in self.jobs.values())
-        lines.append(f"sweep: {spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s per card")
-        lines.append(f"{'card':24} {'slice':5} {'kind':12} {'benched':>7} {'ok':>5} {'failed':>6} "
-                     f"{'seconds':>8}  state")
-        for j in self.jobs.values():
-            card = j.card or j.gpu
-            lines.append(f"{card[:24]:24} {j.slice:5} {j.kind:12} {j.benched:>7} {j.ok:>5} "
-                         f"{j.failed:>6} {j.seconds:>8.1f}  {j.state}")
-        for j in self.jobs.values():
-            for t in j.top_ups:
-                lines.append(f"{(j.card or j.gpu)[:24]:24} {t['slice']:5} {t['kind']:12} "
-                             f"{t['benched']:>7} {t['ok']:>5} {t['failed']:>6} "
-                             f"{t['seconds']:>8.1f}  top-up: {t['state']}")
+        lines = ["=== collect-node-data summary ==="]
+        for why in self.refused.values():
+            lines.extend(textwrap.wrap(f"ERROR: {why}", 119, subsequent_indent="  ",
+                                       break_on_hyphens=False))
+        jobs = [j for j in self.jobs.values() if j.gpu not in self.refused]
+        boxes = list(dict.fromkeys(j.box for j in jobs if j.box))
+        if len(boxes) != 1:
+            lines.extend(f"box {box}" for box in boxes)
+        if jobs:
+            from harness.summary import jobs_table
+
+            spent = sum(j.seconds + sum(t["seconds"] for t in j.top_ups) for j in jobs)
+            sweep = f"{spent:.0f}s of jobs for a budget of {self.budget_s:.0f}s"
+            lines.extend(textwrap.wrap(f"box {boxes[0]}; {sweep}" if len(boxes) == 1 else
+                                       f"sweep: {sweep} per card", 119, subsequent_indent="  "))
+            lines.extend(jobs_table(jobs))
         lines.extend(self.receipt_lines)
         lines.extend(f"warning: {p}" for p in self.problems)
         lines.extend(self.report_lines)
@@ -527,6 +551,9 @@ class Harvest:
         line a script can read, as the original printed."""
         m = self.merge_info
         merge = m.get("state", "not run")
+        if self.refused and int(exitstatus) != pytest.ExitCode.INTERRUPTED:
+            return (f"status: FAILED (usage error: {', '.join(f'--gpu={g}' for g in self.refused)}"
+                    f" refused, the box has another card; {m.get('merged', 0)} rows merged)")
         if int(exitstatus) == pytest.ExitCode.INTERRUPTED:
             stopped = [j for j in self.jobs.values() if j.outcome == "interrupted"]
             what = f"job {stopped[0].slice}-{stopped[0].kind} stopped and harvested" if stopped \
@@ -615,42 +642,3 @@ def _json(value: Any) -> Any:
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-def best_per_shape(conn: Any, run_ids: list[str]) -> list[str]:
-    """The best configuration this run measured on each shape, with its time and its ratio to
-    torch's own op and to torch.compile where the node table has them: the table the summary
-    ends with ([] when the run measured nothing)."""
-    from tabulate import tabulate
-
-    from harness.shipped import BASELINE_KNOB
-
-    if not run_ids:
-        return []
-    marks = ",".join("?" * len(run_ids))
-    best: dict[tuple[str, str], tuple[float, str]] = {}
-    for gpu, shape, spec, us in conn.execute(
-            f"SELECT gpu, shape_id, spec, value_us FROM node WHERE run_id IN ({marks}) "
-            f"AND status = 'ok' AND value_us > 0 AND spec NOT LIKE '{BASELINE_KNOB}=%'", run_ids):
-        if (gpu, shape) not in best or us < best[(gpu, shape)][0]:
-            best[(gpu, shape)] = (us, spec)
-    if not best:
-        return []
-    base: dict[tuple[str, str, str], float] = {}
-    for gpu, shape, spec, us in conn.execute(
-            "SELECT gpu, shape_id, spec, value_us FROM node WHERE status = 'ok' AND value_us > 0 "
-            f"AND spec LIKE '{BASELINE_KNOB}=%'"):
-        base[(gpu, shape, spec.split("=", 1)[1])] = us
-
-    def ratio(gpu: str, shape: str, name: str, us: float) -> str:
-        b = base.get((gpu, shape, name))
-        return f"{us / b:.2f}x" if b else "-"
-
-    rows = [(gpu[:24], shape, spec, f"{us:.2f}", ratio(gpu, shape, "torch", us),
-             ratio(gpu, shape, "compile", us))
-            for (gpu, shape), (us, spec) in sorted(best.items())]
-    table = tabulate(rows, headers=("card", "shape", "best configuration this run", "us",
-                                    "vs torch", "vs compile"), tablefmt="simple",
-                     disable_numparse=True)
-    return ["best configuration per shape measured in this run (time over the baseline's: "
-            "below 1x is faster):", *table.splitlines()]

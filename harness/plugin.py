@@ -11,7 +11,7 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,12 +23,18 @@ from harness.options import RunOptions, default_state_dir
 from harness.planner import Job, ShareError, normalize_shares
 from harness.slices import SLICES
 
+if TYPE_CHECKING:
+    from harness.progress import Progress
+
 COLLECTION_KEY = pytest.StashKey["Collection"]()
 CHECKED_KEY = pytest.StashKey[RunOptions]()
 HARVEST_KEY = pytest.StashKey["Harvest"]()
 INTERRUPTS_KEY = pytest.StashKey["Interrupts"]()
 SESSION_KEY = pytest.StashKey[str]()
+PROGRESS_KEY = pytest.StashKey["Progress"]()
+SWEEP_IDS_KEY = pytest.StashKey[set]()
 JOB_FIXTURE = "sweep_job"
+REFUSED_OUTPUT = "emmy_refused"  # an xdist worker's cards refused for another card on the box
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,9 +42,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gpu", default=cards.LOCAL,
                 help="card alias the box must have (l40s, h100, h200, a100-80, rtx4090, …; a comma "
                      "list for several cards), 'auto' to accept the box's card, or 'local' to use "
-                     "this machine as the box (default: local)")
+                     "this machine as the box; a box with another card is a usage error (exit "
+                     "status 4) and none of its card's jobs runs (default: local)")
     g.addoption("--budget-s", type=float, default=3600.0,
-                help="wall-clock seconds for the whole sweep, shared by the jobs (default 3600)")
+                help="wall-clock seconds of each card's sweep, shared by its jobs; setup is not "
+                     "counted (default 3600)")
     g.addoption("--db", default=None,
                 help="node table to merge into (default $EMMY_TUNE_DB or ~/.cache/emmy/autotune.db)")
     g.addoption("--ledger", default=None,
@@ -87,7 +95,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "local, 60 remote); the box never waits for them")
     g.addoption("--timeout-s", type=float, default=None,
                 help="stop and harvest the sweep this many seconds after setup (default: the "
-                     "budget plus 80 s per job)")
+                     "budget plus 80 s per job and 80 s more)")
     g.addoption("--tmux-socket", default=None,
                 help="tmux server socket name on the box (tmux -L); default: the user's server")
     g.addoption("--no-merge", action="store_true", default=False,
@@ -320,9 +328,60 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if harvest is not None and not config.option.collectonly:
         harvest.select([(it.nodeid, *_key_words(it.callspec.params[JOB_FIXTURE]))
                         for it in jobs])
+    config.stash[SWEEP_IDS_KEY] = {it.nodeid for it in jobs}
     config.stash[COLLECTION_KEY] = Collection(
         opts, order, interrupts=config.stash[INTERRUPTS_KEY],
-        session=config.stash[SESSION_KEY], harvest=config.stash.get(HARVEST_KEY, None))
+        session=config.stash[SESSION_KEY], harvest=config.stash.get(HARVEST_KEY, None),
+        progress=_progress(config, opts))
+
+
+def _progress(config: pytest.Config, opts: RunOptions) -> Progress:
+    """The run's lines (:mod:`harness.progress`).  pytest's file name before its letters is
+    left out (the jobs are all one file's, and every line of the run's own would start it
+    again); on a terminal each job's line is its result, so its letters are left out too."""
+    from harness.progress import Progress, PytestTerminal, heartbeat_s
+
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    verbose = int(config.option.verbose or 0)
+    term = PytestTerminal(reporter, config.pluginmanager.getplugin("capturemanager"),
+                          config.get_terminal_writer() if reporter is not None else None)
+    term.tty = term.tty and verbose <= 0  # -v: pytest's line per test, and every step plain
+    progress = config.stash[PROGRESS_KEY] = Progress(term, verbose=verbose,
+                                                     heartbeat_s=heartbeat_s(opts.budget_s))
+    if reporter is not None and verbose <= 0:
+        reporter.showfspath = False
+    return progress
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config
+                             ) -> tuple[str, str, str] | None:
+    """On a terminal a job's line says how it went: no letter of pytest's beside it."""
+    progress = config.stash.get(PROGRESS_KEY, None)
+    if progress is None or not progress.tty or int(config.option.verbose or 0) > 0 \
+            or report.nodeid not in config.stash.get(SWEEP_IDS_KEY, set()):
+        return None
+    if report.passed:
+        return ("passed", "", "PASSED") if report.when == "call" else None
+    if report.skipped:
+        return ("skipped", "", "SKIPPED")
+    if report.when == "call":
+        return ("failed", "", "FAILED")
+    return ("error", "", "ERROR")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A card's box is opened before its first job runs: a box with another card than
+    ``--gpu`` names is a usage error, and none of that card's jobs runs or reports (no
+    failure, no skip; the run ends with the message and exit status 4)."""
+    coll = item.config.stash.get(COLLECTION_KEY, None)
+    callspec = getattr(item, "callspec", None)
+    if coll is None or callspec is None or JOB_FIXTURE not in callspec.params:
+        return None
+    gpu = callspec.params[JOB_FIXTURE][0]
+    if coll.open_before_jobs(gpu, item.config.stash[PROGRESS_KEY]):
+        return None
+    return True  # handled: the card was refused
 
 
 def _key_words(key: Any) -> tuple[str, str, str]:
@@ -334,6 +393,10 @@ def _key_words(key: Any) -> tuple[str, str, str]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the session's fixtures are torn down (boxes unlocked, servers released): merge
     what is left, back up, write the report; rows that were rejected fail the session."""
+    coll = session.config.stash.get(COLLECTION_KEY, None)
+    worker_output = getattr(session.config, "workeroutput", None)
+    if coll is not None and coll.refused and worker_output is not None:
+        worker_output[REFUSED_OUTPUT] = dict(coll.refused)  # to the controller's harvest
     harvest = session.config.stash.get(HARVEST_KEY, None)
     if harvest is None:
         return
@@ -353,10 +416,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     finally:  # also when the merge or a release raised: write what is known
         if harvest.exit_status is not None and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = harvest.exit_status
+        if harvest.refused and session.exitstatus != pytest.ExitCode.INTERRUPTED:
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR  # a box with another card
         harvest.write_report(session.exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    progress = config.stash.get(PROGRESS_KEY, None)
+    if progress is not None:
+        progress.close()
     harvest = config.stash.get(HARVEST_KEY, None)
     if harvest is not None:
         status = terminalreporter._session.exitstatus if getattr(terminalreporter, "_session", None) \

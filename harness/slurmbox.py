@@ -55,6 +55,10 @@ def slurm_base(box_dir: str | None, gpu: str) -> str:
     return f"{(box_dir or DEFAULT_SLURM_BASE).rstrip('/')}/{gpu}"
 
 
+
+# lines of the job's log that say what Slurm does with it: events a person must see
+SLURM_LINES = ("Slurm job", "[slurm]")
+
 @dataclass
 class SlurmDriver(BoxDriver):
     """:class:`BoxDriver` whose session runs as one Slurm batch job (see the module's text).
@@ -229,14 +233,22 @@ cd {q(self.path('repo'))} || exit 2
     def wait_entry(self, entry_id: str | None, deadline: float,
                    on_line: Callable[[str], None] | None = None,
                    on_status: Callable[[SessionStatus], None] | None = None,
-                   mine: Callable[[str], bool] = lambda line: True) -> str:
+                   mine: Callable[[str], bool] = lambda line: True,
+                   on_event: Callable[[str], None] | None = None) -> str:
         """:meth:`BoxDriver.wait_entry`, also saying what Slurm does with the job (waiting,
-        setting up).  A job that ended before its service took the session is a box that
-        cannot be used: :class:`BoxError`, saying why (another card, no torch, Slurm's
-        reason)."""
-        why = super().wait_entry(entry_id, deadline, on_line, on_status,
-                                 mine=lambda line: line.startswith(("Slurm job", "[slurm]"))
-                                 or mine(line))
+        setting up: events, to ``on_event``).  A job that ended before its service took the
+        session is a box that cannot be used: :class:`BoxError`, saying why (another card, no
+        torch, Slurm's reason)."""
+
+        def route(line: str) -> None:
+            if line.startswith(SLURM_LINES) and on_event is not None:
+                on_event(line)
+            elif on_line is not None:
+                on_line(line)
+
+        why = super().wait_entry(entry_id, deadline, route, on_status,
+                                 mine=lambda line: line.startswith(SLURM_LINES) or mine(line),
+                                 on_event=on_event)
         if why == "dead" and self.status is None:
             raise BoxError(self.why_no_session())
         return why

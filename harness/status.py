@@ -15,6 +15,7 @@ from typing import Any
 from harness.boxctl import CURRENT_SESSION, BoxDriver, BoxError
 from harness.contract import Layout, SessionStatus
 from harness.owner import Owner
+from harness.progress import format_us
 
 
 def box_status(driver: BoxDriver, lines: int = 10) -> dict[str, Any]:
@@ -70,18 +71,24 @@ def format_status(st: dict[str, Any]) -> list[str]:
         lines.append(f"session {s['session_id']} (run {s['run_id']}): {s['state']}"
                      + (f" ({s['error']})" if s.get("error") else "")
                      + f"; tmux session {st['tmux_session']}: {alive}")
+        eta = s.get("eta_s")
         lines.append(f"card {s.get('card') or '?'} ({s.get('regime') or '?'}), "
                      f"{s['spent_s']:.0f}s of {s['budget_s']:.0f}s budget spent, "
-                     f"{left:.0f}s left")
+                     f"{left:.0f}s left" + (f", about {eta:.0f}s to go" if eta is not None
+                                            and s["state"] == "running" else ""))
         entries = s.get("entries") or []
         planned = [e for e in entries if e.get("round", 0) == 0]
         for i, e in enumerate(entries, 1):
             ident = f"{e['slice']}-{e['kind']}" + (f".top{e['round']}" if e.get("round") else "")
             place = f"job {i} of {len(planned)}" if e.get("round", 0) == 0 else "top-up"
+            to_go = e.get("eta_s")
+            to_go = max(0.0, e["allotment_s"] - e["elapsed_s"]) if to_go is None else to_go
+            best = (f"; best {format_us(e['best_us'])} on {e['shape']}"
+                    if e.get("best_us") is not None and e.get("shape") else "")
             detail = {
-                "running": f"{e['elapsed_s']:.0f}s of {e['allotment_s']:.0f}s allotted (at most "
-                           f"{max(0.0, e['allotment_s'] - e['elapsed_s']):.0f}s to go), "
-                           f"{e['points_left']} of {e['points_total']} points left at its start",
+                "running": f"{e['elapsed_s']:.0f}s of {e['allotment_s']:.0f}s allotted (about "
+                           f"{to_go:.0f}s to go), {e.get('benched', 0)} measured, "
+                           f"{e['points_left']} of {e['points_total']} points left{best}",
                 "planned": (f"{e['allotment_s']:.0f}s allotted" if e.get("allotment_s") else
                             "waiting"),
             }.get(e["state"], f"{e['benched']} benched ({e['ok']} ok) in {e['elapsed_s']:.0f}s"

@@ -168,3 +168,53 @@ def session_alive(socket: str, box: Path) -> bool:
     name = session_names(str(box))[1]
     return subprocess.run(["tmux", "-L", socket, "has-session", "-t", f"={name}"],
                           capture_output=True).returncode == 0
+
+
+def summary_jobs(out: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The summary's jobs table (``harness.summary.jobs_table``), by (slice, kind): the cell's
+    text, the points benched and failed it says, and the job's state: its note where it has
+    one, else ``done`` (its points or its allotment ran out)."""
+    from harness import kinds
+
+    lines = out.splitlines()
+    cells: dict[tuple[str, str], str] = {}
+    for i, line in enumerate(lines[:-1]):
+        if not (line.startswith("kind ") and re.fullmatch(r"[- ]+", lines[i + 1])):
+            continue
+        starts = [m.start() for m in re.finditer(r"-+", lines[i + 1])]
+        heads = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        for row in lines[i + 2:]:
+            words = [row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+            if words[0] not in kinds.names():
+                break
+            for head, word in zip(heads[1:], words[1:], strict=True):
+                if word:
+                    cells[(head, words[0])] = word
+    notes: dict[str, str] = {}
+    last = None
+    for line in lines:
+        m = re.match(r"^\[(\d+)\] (.*)$", line)
+        if m:
+            last = m[1]
+            notes[last] = m[2]
+        elif last is not None and line.startswith("    "):
+            notes[last] += " " + line.strip()
+        else:
+            last = None
+    jobs: dict[tuple[str, str], dict[str, Any]] = {}
+    for (slice_, kind), cell in cells.items():
+        mark = re.search(r"\[(\d+)\]$", cell)
+        note = notes.get(mark[1], "") if mark else ""
+        state = note.split(": ", 1)[1] if note.startswith(f"{slice_} {kind}: ") else "done"
+        benched = re.match(r"(\d+) in ", cell)
+        failed = re.search(r", (\d+) failed", cell)
+        jobs[(slice_, kind)] = {"cell": cell, "state": state,
+                                "benched": int(benched[1]) if benched else 0,
+                                "failed": int(failed[1]) if failed else 0}
+    return jobs
+
+
+def unwrapped(out: str) -> str:
+    """A run's output with its own long lines joined again (a plain line of the run's is
+    broken under 120 characters, its rest indented under ``  [collect]   ``)."""
+    return re.sub(r"\n  \[collect\]   ", " ", out)

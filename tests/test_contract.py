@@ -203,9 +203,13 @@ def test_a_request_of_another_version_or_kind_is_refused_saying_why() -> None:
                           round=st.integers(0, 3),
                           state=st.sampled_from(["planned", "running", *contract.FINAL]),
                           reason=st.none() | st.text(), allotment_s=st.floats(0, 1e4),
-                          elapsed_s=st.floats(0, 1e4)), max_size=6))
-def test_a_session_status_round_trips_through_json(entries: list[Entry]) -> None:
-    status = SessionStatus("bench-1", "bench-1", state="running", entries=entries)
+                          elapsed_s=st.floats(0, 1e4), benched=st.integers(0, 10**6),
+                          shape=st.none() | st.text(), best_us=st.none() | st.floats(0, 1e9),
+                          eta_s=st.none() | st.floats(0, 1e5)), max_size=6),
+       st.none() | st.floats(0, 1e5))
+def test_a_session_status_round_trips_through_json(entries: list[Entry], eta: float | None
+                                                   ) -> None:
+    status = SessionStatus("bench-1", "bench-1", state="running", entries=entries, eta_s=eta)
     again = SessionStatus.from_json(status.to_json())
     assert again == status
     assert "\n" not in status.to_json()  # one line: a poll prints it whole

@@ -64,10 +64,11 @@ def test_collect_local_interpret_end_to_end(tmp_path: Path, tmux_socket: str) ->
                           capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
 
-    # progress names the job (k of N) and the session's time left, and a job's lines are its own
-    assert re.search(r"local own-\w+ \[job 1 of \d+, \d+s of the session left\]: \d+s allotted", out)
-    for m in re.finditer(r"local (\w+)-(\w+) \[job \d+ of \d+, [^\]]*\]: \[batch \d+\] (\w+) (\w+)", out):
-        assert (m[1], m[2]) == (m[3], m[4]), m[0]
+    # not on a terminal: plain lines, each under 120 characters, no lists of statuses, few
+    lines = r.stdout.splitlines()
+    assert all(len(line) < 120 for line in lines), [x for x in lines if len(x) >= 120]
+    assert "statuses" not in out and "[batch" not in out
+    assert len(lines) <= 60, r.stdout
     assert "status: COMPLETE (sweep done + merge done)" in out
 
     # resume: what the node table holds is not measured again
@@ -110,10 +111,97 @@ def test_a_box_with_another_card_is_refused_in_seconds_before_any_setup(tmp_path
     t0 = time.monotonic()
     r = _collect(tmp_path, tmux_socket, "--gpu=h200", "--budget-s=20", "-k", "own")
     out = r.stdout + r.stderr
-    assert r.returncode == 1, out[-3000:]
+    assert r.returncode == pytest.ExitCode.USAGE_ERROR, out[-3000:]
     assert time.monotonic() - t0 < 60  # seconds here; the bound holds on a loaded machine
-    assert "--gpu=h200 wants NVIDIA H200 141GB but box local has no NVIDIA GPU" in out
-    assert out.count("wants NVIDIA H200 141GB") <= 3  # said once: the failure, its table line, -ra
-    assert "is unusable: see the first job's failure" in out
+    # one message: the card asked for, the card found, and what to do
+    assert out.count("wants NVIDIA H200 141GB") == 1, out
+    assert re.search(r"ERROR: --gpu=h200 wants NVIDIA H200 141GB but box local has no NVIDIA GPU "
+                     r"\(nvidia-smi finds none\); nothing was set up or measured: run with "
+                     r"--gpu=interpret \(the card it has\) or --gpu=auto, or use a box with "
+                     r"NVIDIA H200 141GB", " ".join(out.split())), out
+    # a usage error, not jobs: no failure, no skip, no job table
+    assert "SKIPPED" not in out and "FAILED" not in out.replace("status: FAILED", "")
+    assert "failed" not in r.stdout.splitlines()[-1] and "skipped" not in out
+    assert "status: FAILED (usage error: --gpu=h200 refused, the box has another card" in out
     assert not (tmp_path / "box" / "setup.log").exists() and not (tmp_path / "box" / "repo").exists()
-    assert "status: FAILED (1 job(s) failed" in out
+    assert not (tmp_path / "box" / "lock.json").exists()  # the box is free again
+
+
+def _on_a_terminal(cmd: list[str], env: dict[str, str], columns: int = 100,
+                   timeout: float = 600) -> tuple[int, str]:
+    """Run ``cmd`` on a pseudo-terminal ``columns`` wide; its exit status and all it wrote."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal's size, then the run
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+        os.chdir(ROOT)
+        os.execvpe(cmd[0], cmd, {**{k: v for k, v in env.items() if k != "COLUMNS"},
+                                 "TERM": "xterm"})
+    out = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child ended: the terminal is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def _screen(raw: str) -> list[str]:
+    """The lines a terminal shows once ``raw`` is written: a carriage return goes back to the
+    line's start, and what follows overwrites it."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw).replace("\r\n", "\n")
+    lines = []
+    for line in text.split("\n"):
+        shown = ""
+        for part in line.split("\r"):
+            shown = part + shown[len(part):]
+        lines.append(shown.rstrip())
+    return lines
+
+
+def test_on_a_terminal_each_job_has_one_line_that_redraws_itself(tmp_path: Path,
+                                                                 tmux_socket: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
+    env["EMMY_STATE_DIR"] = str(tmp_path / "state")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [sys.executable, "-m", "pytest", "collect_tests", "--gpu=local", "-p", "no:cacheprovider",
+           f"--db={tmp_path / 'db' / 'autotune.db'}", f"--box-dir={tmp_path / 'box'}",
+           f"--tmux-socket={tmux_socket}", "--poll-s=0.3", "--filter=fp32", "--max-dist=1",
+           "--budget-s=120", "-k", "own and (softmax or rms_norm)"]
+    rc, raw = _on_a_terminal(cmd, env, columns=130)
+    screen = _screen(raw)
+    assert rc == 0, "\n".join(screen[-40:])
+    jobs = [line for line in screen if re.match(r"local own-\w+ \[job \d/2\]: ", line)]
+    # one line per job, each left with its result: points of the job's, the pace, the best time
+    assert [line.split(" [")[0] for line in jobs] == ["local own-softmax", "local own-rms_norm"] \
+        or [line.split(" [")[0] for line in jobs] == ["local own-rms_norm", "local own-softmax"], \
+        "\n".join(screen)
+    for line in jobs:
+        assert re.match(r"local own-\w+ \[job \d/2\]: [1-9]\d*/\d+ pts(, | \|[^|]+\| +)[\d.]+(pt/s|s/pt), "
+                        r"in \d\d:\d\d, done \((pool exhausted|budget spent)\); best [\d.]+m?s",
+                        line), line
+        assert 100 < len(line) < 130  # the terminal's width, not a default 80
+    # redrawn in place as the box measured: the same job's line drawn several times
+    first = jobs[0].split(":")[0]
+    assert raw.count(first + ":") >= 3, raw
+    assert re.search(re.escape(first) + r": \d+/\d+ pts \|[^|]*\| +\S+, ETA job \d\d:\d\d, "
+                     r"session \d\d:\d\d", raw), raw
+    # pytest's own letters and file name for the jobs are left out: the job lines say it
+    assert "collect_tests/test_sweep.py" not in raw
+    assert "status: COMPLETE (sweep done + merge done)" in screen

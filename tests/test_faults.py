@@ -29,6 +29,7 @@ import pytest
 from harness.boxctl import BoxDriver, BoxError
 from harness.ledger import Ledger
 from harness.remote.tmux import Tmux, session_names
+from tests.runs import summary_jobs, unwrapped
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,12 +161,10 @@ def db_rows(tmp_path: Path) -> dict[str, str]:
 
 
 def job_line(out: str, slice_: str, kind: str) -> dict:
-    """The summary table's line of one job: benched, ok, failed, state."""
-    pat = re.compile(rf"\s{slice_}\s+{kind}\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+\s+(.*)$")
-    found = [m for m in map(pat.search, out.splitlines()) if m]
-    assert found, f"no summary line for {slice_} {kind}:\n{out[-3000:]}"
-    m = found[-1]
-    return {"benched": int(m[1]), "ok": int(m[2]), "failed": int(m[3]), "state": m[4]}
+    """The summary's account of one job: its cell, benched, failed, state."""
+    jobs = summary_jobs(out)
+    assert (slice_, kind) in jobs, f"no summary cell for {slice_} {kind}:\n{out[-3000:]}"
+    return jobs[(slice_, kind)]
 
 
 # -- b: the sweep's tmux session is killed mid-batch ------------------------------------------
@@ -182,7 +181,7 @@ def test_killed_sweep_session_merges_its_rows_and_a_new_session_measures_the_res
 
     assert rc == 0, out[-4000:]
     assert re.search(r"the service was ended by SIGHUP; starting a new session for what is left "
-                     r"of own-matmul", out), out[-4000:]
+                     r"of own-matmul", unwrapped(out)), out[-4000:]
     job = job_line(out, "own", "matmul")
     assert "; resumed in a new session after its run died: the service was ended by SIGHUP" \
         in job["state"], job
@@ -226,7 +225,7 @@ def test_unreachable_box_at_start_fails_fast_naming_remote(tmp_path, tmux_socket
 def test_dropped_connection_the_job_goes_on_and_nothing_is_lost(sshd_private, tmp_path, tmux_socket,
                                                                runs) -> None:
     run = runs(sshd_private, tmp_path, tmux_socket, "--budget-s=25", "--batch=1",
-               "-k", "own and matmul")
+               "-k", "own and matmul", "-v")  # -v: the job's line at every change
     # the job has started (its first point takes seconds more: a worker start and a compile)
     run.wait_for("the job's start", run.sweep_log_has("[sweep]"))
     assert sweep_alive(tmux_socket, run.box)
@@ -237,15 +236,16 @@ def test_dropped_connection_the_job_goes_on_and_nothing_is_lost(sshd_private, tm
 
     rc, out = run.wait()
     assert rc == 0, out[-4000:]
-    assert "unreachable; the session goes on" in out and "answers again" in out, out[-4000:]
-    # the box's progress reached the terminal: slice, kind, points done, ok, failed, time left
-    assert re.search(r"own matmul .*done \d+, ok \d+, failed \d+, left \d+, \d+s of budget left",
-                     out), out[-3000:]
+    assert "unreachable; the session goes on" in unwrapped(out), out[-4000:]
+    assert "answers again" in out, out[-4000:]
+    # the box's progress reached the terminal: the job, its points, pace and times to go
+    assert re.search(r"own-matmul \[job 1/1\]: \d+/\d+ pts, .*, ETA job \d\d:\d\d, session "
+                     r"\d\d:\d\d", out), out[-3000:]
     # the job outlived the drop: it went on measuring after the box answered again, and ended
     # on its own (its budget or its pool), not by the controller's hand
-    assert job_line(out, "own", "matmul")["state"] in ("done (budget spent)",
-                                                       "done (pool exhausted)"), out[-5000:]
-    assert re.search(r"answers again.*\n(.*\n)*.*\[batch \d+\] own matmul", out), out[-5000:]
+    assert job_line(out, "own", "matmul")["state"] == "done", out[-5000:]
+    assert re.search(r"answers again.*\n(.*\n)*.*own-matmul \[job 1/1\]: \d+/\d+ pts, .*in "
+                     r"\d\d:\d\d, done \((budget spent|pool exhausted)\)", out), out[-5000:]
     # one job process from start to end: never restarted, batches numbered without a gap
     log = (run.box / "sweep.log").read_text()
     assert log.count("[sweep]") == 1 and "sweep done:" in log
@@ -273,7 +273,8 @@ def test_timeout_stops_the_sweep_and_harvests_it(sshd, tmp_path, tmux_socket, ru
     rows = box_rows(run.box, "own-matmul")
     batches = (run.box / "sweep.log").read_text().count("[batch ")
     assert len(rows) >= batches
-    assert job["benched"] == len(rows) and job["ok"] + job["failed"] == len(rows)
+    assert job["benched"] == len(rows)
+    assert job["failed"] == sum(1 for r in rows if r["status"] != "ok")
     assert db_rows(tmp_path) == {r["point_key"]: r["measured_at"] for r in rows}
     ledger = Ledger.load(tmp_path / "state" / "ledger.json")
     assert sum(1 for r in rows if not ledger.needs_run(r["point_key"], "interpret")) >= batches

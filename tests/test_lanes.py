@@ -253,9 +253,11 @@ def _pool(cfg: JobConfig, card: cards.Card) -> list[pools.Point]:
 def test_two_lanes_share_one_job_and_measure_every_point_once(tmp_path: Path) -> None:
     workers = [LaneWorker(), LaneWorker()]
     cfg = _fake_job(tmp_path)
-    summary = run_job(cfg, log=_null(), tools=_fake_tools(workers))
+    told: list[dict[str, Any]] = []  # the session's live account: every row, once written
+    summary = run_job(cfg, log=_null(), tools=_fake_tools(workers), on_row=told.append)
     points = _pool(cfg, cards.by_alias("h200"))
     rows = _rows(tmp_path / "rows.jsonl")
+    assert sorted(r["point_key"] for r in told) == sorted(r["point_key"] for r in rows)
     assert summary["stop"] == "pool exhausted" and summary["points_done"] == len(points)
     assert sorted(r["point_key"] for r in rows) == sorted(p.key for p in points)
     by_lane = Counter(r["provenance"]["lane"] for r in rows)

@@ -238,3 +238,42 @@ def test_job(record_property):
         result.stdout.fnmatch_lines([f"note: server u@{name}:22 was rented by another run *left "
                                      f"alone. Release it once it is done with: touch {marks / name}"],
                                     consecutive=False)
+
+
+WRONG_CARD = '''
+import subprocess, sys
+args = sys.argv[1:]
+if args[0] == "up" and args[2] == "NVIDIA L40S":  # the cloud hands out another card
+    args[2] = "NVIDIA A10G"
+sys.exit(subprocess.call([sys.executable, {fake!r}, *args]))
+'''
+
+
+@pytest.mark.slow
+def test_a_box_with_another_card_is_a_usage_error_and_the_other_card_measures_on(
+        tmp_path: Path) -> None:
+    """Two cards under xdist, one box with another card: that card is refused in one message
+    (its server given back at once, none of its jobs run or report), the other card's jobs
+    run and merge, and the run ends with exit status 4."""
+    wrapper = tmp_path / "wrong_cloud.py"
+    wrapper.write_text(WRONG_CARD.format(fake=str(FAKE)))
+    cmd, env = _cmd(tmp_path, "--gpu=l40s,h100", "-n", "2", "--budget-s=40", "-k",
+                    "cross and softmax", f"--report-json={tmp_path / 'report.json'}")
+    clouds = tmp_path / "cloud"
+    cmd = [f"--up-cmd={sys.executable} {wrapper} up {clouds}/{{gpu}} '{{gpu_name}}'"
+           if arg.startswith("--up-cmd=") else arg for arg in cmd]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == pytest.ExitCode.USAGE_ERROR, out[-4000:]
+    assert out.count("--gpu=l40s wants NVIDIA L40S but box ") == 1, out[-4000:]
+    assert "has NVIDIA A10G; nothing was set up or measured" in " ".join(out.split())
+    assert "SKIPPED" not in out and "FAILED" not in out.replace("status: FAILED", ""), out[-4000:]
+    assert "1 passed" in out.splitlines()[-1], out[-2000:]
+    assert _events(tmp_path, "l40s") == ["up NVIDIA A10G", "down"]  # given back at once
+    assert _events(tmp_path, "h100")[-1] == "down"
+    db = sqlite3.connect(tmp_path / "autotune.db")
+    assert {g for (g,) in db.execute("select distinct gpu from node")} == {"NVIDIA H100 80GB"}
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["exit_status"] == 4 and list(rep["refused"]) == ["l40s"]
+    assert [(j["gpu"], j["outcome"]) for j in rep["jobs"] if j["outcome"] != "not_run"] == [
+        ("h100", "passed")]

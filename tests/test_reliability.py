@@ -37,6 +37,7 @@ from harness.points import point_key
 from harness.remote.tmux import Tmux, session_names
 from harness.remote.transport import LocalTransport
 from harness.store import NodeStore
+from tests.runs import summary_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = "NVIDIA H200 141GB"
@@ -152,12 +153,10 @@ def collect(tmp_path: Path, socket: str, *args: str, extra_env: dict[str, str] |
 
 
 def job_line(out: str, slice_: str, kind: str) -> dict[str, Any]:
-    """The summary table's line of one job: benched, ok, failed, state."""
-    pat = re.compile(rf"\s{slice_}\s+{kind}\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+\s+(.*)$")
-    found = [m for m in map(pat.search, out.splitlines()) if m]
-    assert found, f"no summary line for {slice_} {kind}:\n{out[-3000:]}"
-    m = found[-1]
-    return {"benched": int(m[1]), "ok": int(m[2]), "failed": int(m[3]), "state": m[4]}
+    """The summary's account of one job: its cell, benched, failed, state."""
+    jobs = summary_jobs(out)
+    assert (slice_, kind) in jobs, f"no summary cell for {slice_} {kind}:\n{out[-3000:]}"
+    return jobs[(slice_, kind)]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -851,7 +850,8 @@ def test_stale_status_and_rows_of_an_earlier_run_are_never_used(tmp_path: Path,
     rows = read_jsonl(box / "rows" / run_id / "tail-softmax.jsonl")
     # the job's real outcome: it ran to its end, and only its own rows were counted and merged
     job = job_line(out, "tail", "softmax")
-    assert job["state"] == "done (pool exhausted)" and job["benched"] == len(rows) == 2, out[-3000:]
+    assert job["state"] == "done" and job["benched"] == len(rows) == 2, out[-3000:]
+    assert job["cell"].startswith("2 in ") and "left" not in job["cell"]  # its pool's end
     assert "sweep done: tail-softmax" in (box / "sweep.log").read_text()
     merged = db_rows(tmp_path / "db" / "autotune.db")
     assert merged == {x["point_key"]: (x["measured_at"], run_id) for x in rows}

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from harness.points import point_key
+from tests.runs import summary_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = "NVIDIA H200 141GB"
 RECEIPT = re.compile(r"merged (\d+) node rows \((\d+) new, (\d+) replaced, (\d+) kept, (\d+) duplicate\)")
 # one job line of the summary: card, slice, kind, benched, ok, failed, seconds, state
-SUMMARY_JOB = re.compile(r"(.{24}) (\w+) +(\w+) +(\d+) +(\d+) +(\d+) +([\d.]+)  (.*)")
 
 pytest_plugins = ["pytester"]
 
@@ -51,19 +51,6 @@ def _collect(tmp_path: Path, socket: str, *args: str) -> subprocess.CompletedPro
            f"--db={tmp_path / 'db' / 'autotune.db'}", f"--box-dir={tmp_path / 'box'}",
            f"--tmux-socket={socket}", "--poll-s=0.5", "--filter=fp32", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-
-
-def _summary_jobs(stdout: str) -> list[tuple[str, ...]]:
-    lines = stdout.splitlines()
-    start = lines.index("=== collect-node-data summary ===")
-    head = next(i for i in range(start, len(lines)) if lines[i].startswith("card "))
-    out = []
-    for line in lines[head + 1:]:
-        m = SUMMARY_JOB.fullmatch(line)
-        if m is None:
-            break
-        out.append(tuple(g.strip() for g in m.groups()))
-    return out
 
 
 @pytest.mark.slow
@@ -108,9 +95,15 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     assert 0 < own["elapsed_s"] and own["allotment_s"] >= 3  # what its 3 points can use
     assert (cross["outcome"], cross["reason"]) == ("skipped", "--share-cross=0: the cross slice is skipped")
     assert (cross["benched"], cross["rows_file"], cross["allotment_s"]) == (0, None, None)
-    summary = _summary_jobs(r.stdout)
-    assert summary == [(j["card"][:24], j["slice"], j["kind"], str(j["benched"]), str(j["ok"]),
-                        str(j["failed"]), f"{j['elapsed_s']:.1f}", j["state"]) for j in rep["jobs"]]
+    summary = summary_jobs(r.stdout)  # the summary's table says the same
+    assert sorted(summary) == sorted((j["slice"], j["kind"]) for j in rep["jobs"])
+    for j in rep["jobs"]:
+        cell = summary[(j["slice"], j["kind"])]
+        assert (cell["benched"], cell["failed"]) == (j["benched"], j["failed"]), cell
+        plain = j["state"] in ("done (pool exhausted)", "done (budget spent)")
+        assert cell["state"] == ("done" if plain else j["state"]), cell
+        if j["benched"]:
+            assert cell["cell"].startswith(f"{j['benched']} in {j['elapsed_s']:.1f}s"), cell
 
     # the same numbers as the JUnit properties of each test case
     for case in ET.parse(junit).getroot().iter("testcase"):
@@ -348,7 +341,9 @@ def test_a_top_up_is_booked_once_on_the_job_it_topped_up_and_properties_are_json
     assert [t["id"] for t in jobs["softmax"]["top_ups"]] == ["own-softmax.top1"]
     assert jobs["matmul"]["top_ups"] == []
     assert rep["totals"]["top_ups"] == 1 and rep["totals"]["benched"] == 5 + 2 + 3
-    result.stdout.fnmatch_lines(["*own   softmax *3 *3 *0 *4.0  top-up: done (pool exhausted)"])
+    # the summary counts the top-up in its job's cell: 5 + 3 points in 10 + 4 seconds
+    assert summary_jobs(result.stdout.str())[("own", "softmax")]["cell"] == \
+        "8 in 14.0s, topped up"
     for case in ET.parse(junit).getroot().iter("testcase"):
         props = [(p.get("name"), p.get("value")) for p in case.iter("property")]
         names = [n for n, _ in props]

@@ -27,6 +27,8 @@ from tests.runs import (
     measurements,
     session_alive,
     signal_service,
+    summary_jobs,
+    unwrapped,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,11 +73,13 @@ def test_a_killed_service_its_job_resumes_in_a_new_session_nothing_measured_twic
     rc, out = run.finish()
     assert "Traceback" not in out
     assert re.search(r"the box service died \(its tmux session is gone\); starting a new session "
-                     r"for what is left of own-softmax and the 1 job\(s\) it had not begun", out), \
-        out[-3000:]
-    assert re.search(r"own   softmax .* done \(pool exhausted\); resumed in a new session after "
-                     r"its run died: the box service died", out), out[-3000:]
-    assert re.search(r"own   rms_norm .* done \(pool exhausted\)", out), out[-3000:]
+                     r"for what is left of own-softmax and the 1 job\(s\) it had not begun",
+                     unwrapped(out)), out[-3000:]
+    jobs = summary_jobs(out)
+    assert jobs[("own", "softmax")]["state"].startswith(
+        "done (pool exhausted); resumed in a new session after its run died: the box service "
+        "died"), out[-3000:]
+    assert jobs[("own", "rms_norm")]["state"] == "done", out[-3000:]
     assert rc == 0 and "status: COMPLETE" in out, out[-3000:]
     # two sessions of one run; the second took on the rest of the died job, then the other
     statuses = [SessionStatus.from_json(f.read_text())
@@ -106,9 +110,11 @@ def test_a_service_ended_by_a_hang_up_says_so_and_its_job_resumes(tmp_path: Path
     signal_service(run.box, signal.SIGHUP)
     rc, out = run.finish()
     assert rc == 0, out[-3000:]
-    assert re.search(r"own   softmax .* done \(pool exhausted\); resumed in a new session after "
-                     r"its run died: the service was ended by SIGHUP", out), out[-3000:]
-    assert re.search(r"own   rms_norm .* done \(pool exhausted\)", out), out[-3000:]
+    jobs = summary_jobs(out)
+    assert jobs[("own", "softmax")]["state"].startswith(
+        "done (pool exhausted); resumed in a new session after its run died: the service was "
+        "ended by SIGHUP"), out[-3000:]
+    assert jobs[("own", "rms_norm")]["state"] == "done", out[-3000:]
     (first,) = [SessionStatus.from_json(f.read_text())
                 for f in (run.box / "service").glob("bench-*/status.json")
                 if not f.parent.name.endswith(".2")]
@@ -174,7 +180,11 @@ def test_status_shows_the_boxs_session_from_another_terminal(tmp_path: Path,
     assert re.search(r"^lock: held by pid \d+ on ", out, re.M), out
     assert re.search(rf"^session bench-\S+ \(run bench-\S+\): running; tmux session {name}: "
                      r"alive$", out, re.M), out
-    assert re.search(r"^  job 1 of 2 +own-\w+ +running +\d+s of \d+s allotted", out, re.M), out
+    # the box's own estimates: the job's and the session's time to go, its points so far
+    assert re.search(r"^  job 1 of 2 +own-\w+ +running +\d+s of \d+s allotted \(about \d+s to go\), "
+                     r"\d+ measured, \d+ of \d+ points left", out, re.M), out
+    assert re.search(r"^card Triton CPU interpreter \(interpret\), .*s left, about \d+s to go$",
+                     out, re.M), out
     assert re.search(r"^last lines of sweep.log:\n(  .*\n)*  \[batch 1\] own", out, re.M), out
     rc, end = run.finish()
     assert rc == 0, end[-3000:]

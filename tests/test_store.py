@@ -844,7 +844,7 @@ def test_a_runs_compile_baseline_cost_is_its_kinds_then_its_cards_then_the_defau
 def test_the_summary_ends_with_each_shapes_best_configuration_of_the_run(store: NodeStore) -> None:
     """This run's fastest non-baseline row per shape, with its ratio to the baselines the node
     table holds for that shape (any run's); another run's faster row is not this run's."""
-    from harness.harvest import best_per_shape
+    from harness.summary import best_per_shape
 
     mine, other = "bench-a", "bench-b"
     store.merge([
@@ -862,12 +862,15 @@ def test_the_summary_ends_with_each_shapes_best_configuration_of_the_run(store: 
                  value_us=1.0, status="bench_fail", run_id=mine),
     ])
     lines = best_per_shape(store._conn, [mine])
-    assert lines[0].startswith("best configuration per shape measured in this run")
+    assert lines[0].startswith(f"best configuration per shape measured in this run on {H200}")
+    assert lines[1].split() == ["shape", "time", "torch", "compile", "best", "configuration",
+                                 "this", "run"]
     rows = [line.split() for line in lines[3:]]
     assert rows == [
-        [*H200.split(), "matmul_M4096_N4096_K4096_bf16",
-         "BLOCK_K=64,BLOCK_M=128,BLOCK_N=64,num_stages=3,num_warps=4", "8.00", "0.50x", "2.00x"],
-        [*H200.split(), "matmul_M64_N4096_K4096_bf16",
-         "BLOCK_K=64,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4", "3.00", "-", "-"],
+        ["matmul_M4096_N4096_K4096_bf16", "8.0us", "0.50x", "2.00x",
+         "BLOCK_K=64,BLOCK_M=128,BLOCK_N=64,num_stages=3,num_warps=4"],
+        ["matmul_M64_N4096_K4096_bf16", "3.0us", "-", "-",
+         "BLOCK_K=64,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4"],
     ]
+    assert all(len(line) < 120 for line in lines)
     assert best_per_shape(store._conn, ["bench-none"]) == []

@@ -464,7 +464,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
             compile_pool: Any = None, *, tools: Tools | None = None,
             started: float | None = None, should_stop: Any = None,
             points: list[pools.Point] | None = None, ledger: Ledger | None = None,
-            scheduler: Scheduler | None = None, prefetch: Any = None) -> dict[str, Any]:
+            scheduler: Scheduler | None = None, prefetch: Any = None,
+            on_row: Any = None) -> dict[str, Any]:
     """Run one job to its budget or the end of its pool; returns (and writes) the summary.
 
     The coming batches are drawn ahead and compile in a process pool (``compiler.CompilePool``)
@@ -481,7 +482,8 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     is asked before every point (the service's stop request).  The session hands in what it
     made once: the job's ``points``, the run's ``ledger`` and a ``scheduler`` whose first
     batches already compile; ``prefetch`` is called once when the job's own compiles are all
-    planned or its allotment nearly spent (the session starts the next job's compiles).
+    planned or its allotment nearly spent (the session starts the next job's compiles);
+    ``on_row`` is handed each row once it is written (the session's live account of the job).
     ``compile_pool`` is a test seam.  The parts (scheduler, allotment, durability, statistics)
     are in :mod:`harness.box.job`."""
     time_ = Allotment(cfg.budget_s, clock() if started is None else started, clock,
@@ -527,7 +529,7 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
     stop, error = "pool exhausted", None
     try:
         stop = _measure(cfg, tools, sched, time_, store, stats, should_stop, needs_run, log,
-                        prefetch)
+                        prefetch, on_row)
         store.save()
     except BoxWriteError as exc:
         error, stop = str(exc), "failed: rows or ledger not written"
@@ -579,11 +581,11 @@ def run_job(cfg: JobConfig, log: Any = sys.stdout, clock: Any = time.monotonic,
 
 def _measure(cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment, store: Durable,
              stats: JobStats, should_stop: Any, needs_run: Any, log: Any,
-             prefetch: Any = None) -> str:
+             prefetch: Any = None, on_row: Any = None) -> str:
     """The job's loop: batch after batch until the pool, the allotment or a stop ends it;
     returns why it ended.  One lane measures in this thread; several measure in a thread each
     (:class:`_Lanes`), and ``stats`` then holds their sum."""
-    job = _Lanes(cfg, tools, sched, time_, store, should_stop, needs_run, log, prefetch)
+    job = _Lanes(cfg, tools, sched, time_, store, should_stop, needs_run, log, prefetch, on_row)
     if len(tools.lanes) == 1:
         return job.lane(tools.lanes[0], stats)
     return job.run_all(stats)
@@ -601,7 +603,7 @@ class _Lanes:
 
     def __init__(self, cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment,
                  store: Durable, should_stop: Any, needs_run: Any, log: Any,
-                 prefetch: Any = None) -> None:
+                 prefetch: Any = None, on_row: Any = None) -> None:
         from harness import kinds as registry
 
         self.cfg, self.tools, self.sched, self.time_ = cfg, tools, sched, time_
@@ -610,6 +612,7 @@ class _Lanes:
         self.card_feats = tools.card.features()
         self.timing = {"warmup": tools.warmup, "iters": tools.iters, "max_cv": cfg.tools.max_cv}
         self.prefetch = prefetch  # called once: the next job's compiles may start
+        self.on_row = on_row  # each written row (under ``guard``)
         self.guard = threading.Condition(threading.Lock())
         self.halt = threading.Event()  # set under ``guard``: no row is recorded after it
         self.busy = 0  # lanes measuring a batch
@@ -731,6 +734,8 @@ class _Lanes:
                         # a point whose row could not be written is never marked in the ledger
                         self.store.record(row, regime)
                         stats.measured(res)
+                        if self.on_row is not None:
+                            self.on_row(row)
                     statuses.append(res["status"])
                     if cut:
                         break

@@ -26,6 +26,7 @@ Stdlib + torch + triton only.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -97,6 +98,15 @@ def ledger_of_rows(run_dir: Path) -> Ledger:
     return book
 
 
+def job_eta_s(entry: Entry) -> float:
+    """A running job's seconds to go: until its allotment or, at its pace so far, its points
+    run out, whichever comes first."""
+    allot_left = max(0.0, entry.allotment_s - entry.elapsed_s)
+    if entry.benched > 0 and entry.elapsed_s > 0:
+        return min(allot_left, entry.points_left * entry.elapsed_s / entry.benched)
+    return allot_left
+
+
 def claim(path: Path) -> None:
     """Take the request for this process, once and for all: the claim is made exclusively, and
     a claimed request is never run again, whether its claimer lives or died (its job's rows
@@ -129,14 +139,50 @@ class Service:
         self._primed: dict[JobRef, Scheduler] = {}
         self._lock = threading.Lock()
         self._written = 0.0
+        self._best: dict[str, float] = {}  # shape_id → the session's best ok time on it
 
     # -- the session's files ------------------------------------------------------------------
     def _write(self) -> None:
         assert self.status is not None
         with self._lock:  # the lanes of a job call in from their threads
             self.status.spent_s = round(sum(e.elapsed_s for e in self.status.entries), 2)
+            self._estimate()
             write_atomic(self.dir / "status.json", self.status.to_json())
             self._written = self.clock()
+
+    def _estimate(self) -> None:
+        """The seconds to go of the running job and of the session, as the status says them:
+        a job ends when its points or its allotment run out, at its pace so far; the session
+        when the budget or every job's points left do (at the plan's paces, top-ups
+        included)."""
+        status = self.status
+        assert status is not None
+        if status.final:
+            status.eta_s = 0.0
+            for e in status.entries:
+                e.eta_s = None
+            return
+        plan = getattr(self, "plan", None)
+        if plan is None:  # not planned yet
+            return
+        left = max(0.0, status.budget_s - status.spent_s)
+        latest: dict[JobRef, Entry] = {}
+        for e in status.entries:
+            if e.job not in latest or e.round >= latest[e.job].round:
+                latest[e.job] = e
+        work = 0.0
+        for e in latest.values():
+            if e.state == "running":
+                e.eta_s = round(job_eta_s(e), 1)
+                work += e.eta_s
+            elif e.state == "planned" or (e.state == "done" and e.points_left > 0):
+                rate = plan.rates.get(e.kind)
+                work += (left if rate is None else
+                         e.points_left * rate / plan.lanes + JOB_OVERHEAD_S)
+        for e in status.entries:
+            if e.state != "running":
+                e.eta_s = None
+        status.eta_s = round(min(left, work), 1)
 
     def _ended(self, *ids: str) -> None:
         """Say that runs (or the session) have ended, after the status that says how."""
@@ -340,6 +386,18 @@ class Service:
                         sweep=spec.sweep, tools=spec.tools, run_id=spec.run_id)
         started = self._last_end  # the time between jobs is the job's
 
+        def on_row(row: dict[str, Any]) -> None:  # the job's live account in the status
+            entry.benched += 1
+            entry.points_left = max(0, entry.points_left - 1)
+            entry.shape = str(row.get("shape_id"))
+            us = row.get("value_us")
+            if row.get("status") == "ok":
+                entry.ok += 1
+                if not shipped.is_baseline(str(row.get("spec"))) and isinstance(us, (int, float)) \
+                        and us > 0 and us < self._best.get(entry.shape, math.inf):
+                    self._best[entry.shape] = float(us)
+            entry.best_us = self._best.get(entry.shape)
+
         def should_stop() -> bool:  # asked before every point: the status says how far it is
             now = self.clock()
             if now - self._written >= STATUS_EVERY_S:
@@ -352,7 +410,8 @@ class Service:
             summary = run_job(cfg, log=self.log, clock=self.clock, tools=tools, started=started,
                               should_stop=should_stop, points=self.points[job],
                               ledger=self.ledger, scheduler=self._primed.pop(job, None),
-                              prefetch=(lambda: self._prime_next(job)) if rnd == 0 else None)
+                              prefetch=(lambda: self._prime_next(job)) if rnd == 0 else None,
+                              on_row=on_row)
             stop = str(summary.get("stop") or "")
             entry.state = "stopped" if stop == "stopped on request" else "done"
             entry.reason = stop
@@ -368,8 +427,9 @@ class Service:
         left = len(self._needs_run(job))
         entry.elapsed_s = round(elapsed, 2)
         entry.points_left = left
-        entry.benched = int(summary.get("benched") or 0)
-        entry.ok = int(summary.get("ok") or 0)
+        if summary:  # else (the job failed) what its rows said as they came
+            entry.benched = int(summary.get("benched") or 0)
+            entry.ok = int(summary.get("ok") or 0)
         status.current = None
         self._write()
         self._ended(entry.id)
