@@ -55,9 +55,9 @@ def slurm_base(box_dir: str | None, gpu: str) -> str:
     return f"{(box_dir or DEFAULT_SLURM_BASE).rstrip('/')}/{gpu}"
 
 
-
 # lines of the job's log that say what Slurm does with it: events a person must see
 SLURM_LINES = ("Slurm job", "[slurm]")
+
 
 @dataclass
 class SlurmDriver(BoxDriver):
