@@ -243,7 +243,7 @@ def test_slurm_a_job_cancelled_from_outside_is_harvested_and_resumed(
     slurm.run("scancel", job)  # an administrator, or the user in another terminal
     rc, out = r.finish(180)
     assert rc == 1, out[-3000:]
-    assert re.search(rf"own   matmul .* died \(Slurm job {job} was cancelled", out), out[-3000:]
+    assert re.search(rf"own matmul: died \(Slurm job {job} was cancelled", out), out[-3000:]
     assert "status: FAILED (1 job(s) failed: own-matmul)" in out
     (rows_file,) = (r.box / "interpret" / "rows").glob("bench-*/own-matmul.jsonl")
     n = len(rows_file.read_text().splitlines())
@@ -272,7 +272,8 @@ def test_slurm_a_job_pending_past_timeout_is_cancelled_and_says_why(
                            r"queue \((\w+)[^)]*\) and still waits", out)
         assert reason, out[-3000:]
         assert reason.group(1) in ("Resources", "Priority")  # squeue's word for the busy node
-        assert "own   softmax            0" in out and "status: COMPLETE" in out
+        assert re.search(r"^softmax +(skipped|stopped|not run)", out, re.M), out[-3000:]
+        assert "status: COMPLETE" in out
         assert slurm.jobs()[job] == "CANCELLED"
         assert blocker in slurm.live_jobs()
         assert not list((r.state / "leases").glob("*.json"))
