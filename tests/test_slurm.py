@@ -29,6 +29,7 @@ from tests.runs import box_rows, db_points
 
 if TYPE_CHECKING:
     from tests.slurm import SlurmCluster
+    from tests.sshd import SSHServer
 
 pytest_plugins = ["pytester", "tests.slurm"]
 
@@ -75,18 +76,26 @@ def test_slurm_options_need_the_slurm_provider(pytester: pytest.Pytester) -> Non
 # -- whole runs against the cluster ----------------------------------------------------------
 class SlurmRun:
     """``pytest collect_tests --provider=slurm`` in its own process group, as a user types it
-    on the login node; runs of one test share its box folder, node table and state."""
+    on the login node, or on a laptop that reaches the login node ``login`` with ``--remote``
+    (its environment then knows nothing of the cluster: every Slurm command must go over
+    SSH); runs of one test share its box folder, node table and state."""
 
-    def __init__(self, tmp: Path, cluster: SlurmCluster, *args: str) -> None:
+    def __init__(self, tmp: Path, cluster: SlurmCluster, *args: str,
+                 login: SSHServer | None = None) -> None:
         self.tmp, self.cluster = tmp, cluster
         self.db, self.box, self.state = tmp / "autotune.db", tmp / "box", tmp / "state"
         env = {k: v for k, v in cluster.env.items()
                if not k.startswith(("PYTEST_", "TRITON_", "EMMY_"))}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.update(EMMY_STATE_DIR=str(self.state), PYTHONUNBUFFERED="1")
+        remote: list[str] = []
+        if login is not None:
+            env.pop("SLURM_CONF")
+            remote = [f"--remote={login.remote}", f"--ssh-key={login.client_key}",
+                      f"--known-hosts={login.known_hosts}", f"--box-python={sys.executable}"]
         cmd = [sys.executable, "-m", "pytest", "collect_tests", "-p", "no:cacheprovider",
                "--provider=slurm", "--slurm-gres=none", f"--db={self.db}",
-               f"--box-dir={self.box}", "--poll-s=0.5", *args]
+               f"--box-dir={self.box}", "--poll-s=0.5", *remote, *args]
         self.out_path = tmp / f"run-{len(list(tmp.glob('run-*.txt')))}.txt"
         self.started_at = time.time()
         with self.out_path.open("w") as out:
@@ -114,6 +123,18 @@ class SlurmRun:
 
     def job_ids(self) -> list[str]:
         return JOB_LINE.findall(self.output)
+
+    def wait_running(self, timeout: float = 240.0) -> str:
+        """Wait until ``squeue`` shows the run's job running; its id."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = self.job_ids()
+            if ids and self.cluster.jobs().get(ids[0]) == "RUNNING":
+                return ids[0]
+            assert self.proc.poll() is None, f"the run ended before its job ran:\n{self.output[-3000:]}"
+            assert time.monotonic() < deadline, f"no job of ours running: {self.cluster.jobs()}" \
+                f"\n{self.output[-3000:]}"
+            time.sleep(0.1)
 
     def finish(self, timeout: float = 400.0) -> tuple[int, str]:
         try:
@@ -308,3 +329,51 @@ def test_slurm_a_node_with_another_card_is_refused(tmp_path: Path, slurm: SlurmC
     assert db.execute("select distinct gpu, regime from node").fetchall() == [
         ("NVIDIA H100 80GB", "interpret")]
     assert_nothing_of_ours_left(r2)
+
+
+# -- the login node over SSH (--remote) ------------------------------------------------------
+@pytest.mark.slow
+def test_slurm_over_ssh_runs_a_session_from_a_laptop(
+        tmp_path: Path, slurm: SlurmCluster, slurm_login: SSHServer) -> None:
+    r = SlurmRun(tmp_path, slurm, *MATMUL, login=slurm_login)
+    job = r.wait_running()  # squeue shows it while it runs
+    rc, out = r.finish()
+    assert rc == 0, out[-4000:]
+    assert "status: COMPLETE (sweep done + merge done)" in out
+    assert r.job_ids() == [job]
+    assert re.search(rf"box {re.escape(slurm_login.remote)}: Triton CPU interpreter "
+                     rf"\(interpret\), Slurm job {job} on {slurm.node}, \d+s in the queue",
+                     out), out[-3000:]
+    assert slurm.jobs()[job] == "COMPLETED"
+    assert len(assert_all_merged(r)) == 38
+    assert_nothing_of_ours_left(r)
+
+
+@pytest.mark.slow
+def test_slurm_over_ssh_ctrl_c_cancels_only_our_job_and_loses_no_row(
+        tmp_path: Path, slurm: SlurmCluster, slurm_login: SSHServer) -> None:
+    other = slurm.submit("-c", "1", "-J", "someone-else", "--wrap", "sleep 600") \
+        if slurm.cpus >= 2 else None
+    try:
+        r = SlurmRun(tmp_path, slurm, *MATMUL, login=slurm_login)
+        r.wait_for_log("interpret", r"\[batch 1\] own matmul")
+        (job,) = r.job_ids()
+        assert job in slurm.live_jobs()
+        os.killpg(r.proc.pid, signal.SIGINT)
+        rc, out = r.finish(180)
+        assert rc == pytest.ExitCode.INTERRUPTED, out[-3000:]
+        assert "status: INTERRUPTED (job own-matmul stopped and harvested; " in out
+        assert "Traceback" not in out
+        (rows_file,) = (r.box / "interpret" / "rows").glob("bench-*/own-matmul.jsonl")
+        n = len(rows_file.read_text().splitlines())
+        assert 0 < n < 38
+        assert f"stopped and harvested: {n} rows merged" in out
+        assert len(db_points(r.db)) == n
+        assert_all_merged(r)
+        assert_nothing_of_ours_left(r)
+        if other:
+            assert other in slurm.live_jobs()  # another user's job is never touched
+    finally:
+        if other:
+            slurm.run("scancel", other)
+            slurm.wait_gone(other)
