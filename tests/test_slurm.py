@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.contract import SlurmOptions
-from harness.remote.slurm import JobInfo, SlurmError, sbatch_options, time_limit_minutes
+from harness.remote.slurm import (
+    JobInfo,
+    SlurmError,
+    parse_squeue,
+    sbatch_options,
+    time_limit_minutes,
+)
 from tests.runs import box_rows, db_points
 
 if TYPE_CHECKING:
@@ -56,7 +62,11 @@ def test_slurm_sbatch_options_fill_the_card_and_keep_extra_words_whole() -> None
 
 def test_slurm_job_states_read_as_words() -> None:
     assert JobInfo("7", "PENDING", "Resources").describe() == "is pending (Resources)"
-    assert JobInfo("7", "CANCELLED", "None").describe().startswith("was cancelled")
+    assert parse_squeue("7", "CANCELLED|None|").describe() == \
+        "was cancelled (scancel, by you or an administrator)"
+    assert parse_squeue("7", "PENDING|None|").describe() == "is pending"
+    assert parse_squeue("7", "PENDING|Resources|").describe() == "is pending (Resources)"
+    assert parse_squeue("7", "RUNNING|None|node3").describe() == "is running on node3"
     assert JobInfo("7", "TIMEOUT", "TimeLimit").describe() == "reached its time limit (TimeLimit)"
     assert JobInfo("7", "COMPLETING").alive and not JobInfo("7", "COMPLETED").alive
 
@@ -144,6 +154,21 @@ class SlurmRun:
             self.proc.wait(30)
             raise AssertionError(f"the run did not end in {timeout:.0f}s:\n{self.output[-3000:]}") from None
         return rc, self.output
+
+
+def harness_status(cluster: SlurmCluster, box: Path, gpu: str, *args: str,
+                   login: SSHServer | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m harness status --gpu=GPU --box-dir=BOX`` on the login node, or from a
+    laptop through ``login`` (then only the login node's sessions know the cluster)."""
+    env = {k: v for k, v in cluster.env.items() if not k.startswith(("PYTEST_", "EMMY_"))}
+    remote: list[str] = []
+    if login is not None:
+        env.pop("SLURM_CONF")
+        remote = [f"--remote={login.remote}", f"--ssh-key={login.client_key}",
+                  f"--known-hosts={login.known_hosts}"]
+    return subprocess.run([sys.executable, "-m", "harness", "status", f"--gpu={gpu}",
+                           f"--box-dir={box}", *remote, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def run(tmp: Path, cluster: SlurmCluster, *args: str) -> tuple[int, str, SlurmRun]:
@@ -344,9 +369,16 @@ def test_slurm_over_ssh_runs_a_session_from_a_laptop(
     assert re.search(rf"box {re.escape(slurm_login.remote)}: Triton CPU interpreter "
                      rf"\(interpret\), Slurm job {job} on {slurm.node}, \d+s in the queue",
                      out), out[-3000:]
+    assert "(None)" not in out  # squeue's word for no reason is not a reason
     assert slurm.jobs()[job] == "COMPLETED"
     assert len(assert_all_merged(r)) == 38
     assert_nothing_of_ours_left(r)
+    # from the laptop, afterwards: the session the job ran, and how the job ended
+    st = harness_status(slurm, r.box, "interpret", "--json", login=slurm_login)
+    assert st.returncode == 0, st.stdout + st.stderr
+    seen = json.loads(st.stdout)
+    assert seen["slurm"]["job_id"] == job and seen["slurm"]["state"] == "COMPLETED"
+    assert seen["alive"] is False and seen["session"]["state"] == "done"
 
 
 @pytest.mark.slow
@@ -377,3 +409,57 @@ def test_slurm_over_ssh_ctrl_c_cancels_only_our_job_and_loses_no_row(
         if other:
             slurm.run("scancel", other)
             slurm.wait_gone(other)
+
+
+@pytest.mark.slow
+def test_slurm_status_shows_the_job_its_state_and_why_it_waits(
+        tmp_path: Path, slurm: SlurmCluster, slurm_login: SSHServer) -> None:
+    box = tmp_path / "box"
+    (box / "h100").mkdir(parents=True)
+    blocker = slurm.submit("-c", str(slurm.cpus), "-J", "someone-else", "--wrap", "sleep 600")
+    ours = slurm.submit("-c", "1", "--wrap", "sleep 600")
+    try:
+        # a run's box folder whose session is this job's (as the controller writes it)
+        (box / "h100" / "current-session.json").write_text(json.dumps(
+            {"run_id": "bench-1", "session_id": "bench-1", "started": time.time(),
+             "slurm_job": ours}))
+        (box / "h100" / "sweep.log").write_text(f"[slurm] job {ours} on a node: setting up\n")
+        deadline = time.monotonic() + 60
+        while True:  # the scheduler has looked at it: it waits for a reason
+            seen = json.loads(harness_status(slurm, box, "h100", "--json").stdout)
+            if seen["slurm"]["reason"]:
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+        assert seen["slurm"]["state"] == "PENDING" and seen["alive"] is True, seen
+        reason = seen["slurm"]["reason"]
+        assert reason in ("Resources", "Priority"), seen
+        assert seen["tmux_session"] is None and seen["session"] is None
+        st = harness_status(slurm, box, "h100", login=slurm_login)  # from a laptop, as text
+        assert st.returncode == 0, st.stdout + st.stderr
+        assert f"session: not started yet (Slurm job {ours}: PENDING ({reason}))" in st.stdout
+        assert f"[slurm] job {ours} on a node: setting up" in st.stdout
+
+        slurm.run("scancel", blocker)
+        deadline = time.monotonic() + 60
+        while slurm.jobs().get(ours) != "RUNNING":
+            assert time.monotonic() < deadline, slurm.jobs()
+            time.sleep(0.2)
+        st = harness_status(slurm, box, "h100")
+        assert f"Slurm job {ours}: RUNNING on {slurm.node}" in st.stdout, st.stdout
+
+        slurm.run("scancel", ours)
+        slurm.wait_gone(ours)
+        seen = json.loads(harness_status(slurm, box, "h100", "--json").stdout)
+        assert seen["slurm"]["state"] == "CANCELLED" and seen["alive"] is False
+    finally:
+        slurm.run("scancel", blocker, ours, check=False)
+        slurm.wait_gone(blocker, ours)
+
+
+def test_slurm_status_wants_one_known_card(tmp_path: Path) -> None:
+    for gpu, says in (("h100,l40s", "one card's alias"), ("h10O", "unknown card 'h10O'")):
+        st = subprocess.run([sys.executable, "-m", "harness", "status", f"--gpu={gpu}",
+                             f"--box-dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+        assert st.returncode != 0 and says in st.stderr + st.stdout, st.stderr
