@@ -93,7 +93,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--poll-s", type=float, default=None,
                 help="seconds between the controller's looks at the box's session (default 1 "
                      "local, 60 remote); the box never waits for them")
-    from harness.collection import SLACK_PER_JOB_S
+    from harness.contract import SLACK_PER_JOB_S
     from harness.slurmbox import QUEUE_ALLOWANCE_S
 
     g.addoption("--timeout-s", type=float, default=None,
