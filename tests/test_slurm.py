@@ -289,7 +289,7 @@ def test_slurm_a_job_cancelled_from_outside_is_harvested_and_resumed(
     slurm.run("scancel", job)  # an administrator, or the user in another terminal
     rc, out = r.finish(180)
     assert rc == 1, out[-3000:]
-    assert re.search(rf"own   matmul .* died \(Slurm job {job} was cancelled", out), out[-3000:]
+    assert re.search(rf"own matmul: died \(Slurm job {job} was cancelled", out), out[-3000:]
     assert "status: FAILED (1 job(s) failed: own-matmul)" in out
     (rows_file,) = (r.box / "interpret" / "rows").glob("bench-*/own-matmul.jsonl")
     n = len(rows_file.read_text().splitlines())
@@ -318,7 +318,7 @@ def test_slurm_a_job_pending_past_timeout_is_cancelled_and_says_why(
                            r"queue \((\w+)[^)]*\) and still waits", out)
         assert reason, out[-3000:]
         assert reason.group(1) in ("Resources", "Priority")  # squeue's word for the busy node
-        assert "own   softmax            0" in out and "status: COMPLETE" in out
+        assert "own softmax: skipped: --timeout-s=4 reached" in out and "status: COMPLETE" in out
         assert slurm.jobs()[job] == "CANCELLED"
         assert blocker in slurm.live_jobs()
         assert not list((r.state / "leases").glob("*.json"))
@@ -437,7 +437,9 @@ def test_slurm_status_shows_the_job_its_state_and_why_it_waits(
         assert seen["tmux_session"] is None and seen["session"] is None
         st = harness_status(slurm, box, "h100", login=slurm_login)  # from a laptop, as text
         assert st.returncode == 0, st.stdout + st.stderr
-        assert f"session: not started yet (Slurm job {ours}: PENDING ({reason}))" in st.stdout
+        # (the scheduler may give the other reason by now)
+        assert re.search(rf"session: not started yet \(Slurm job {ours}: PENDING "
+                         r"\((Resources|Priority)\)\)", st.stdout), st.stdout
         assert f"[slurm] job {ours} on a node: setting up" in st.stdout
 
         slurm.run("scancel", blocker)
