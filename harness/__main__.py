@@ -405,10 +405,17 @@ def _add_status(subparsers: Any) -> None:
         "status", help="the box's session: running or not, its jobs, the log's last lines",
         description="Reads a box folder (this machine's, or --remote's over SSH) and says what "
         "its session is doing or did: who holds the box, the session's state and budget, each "
-        "job's run, whether its tmux session is alive, and the last lines of sweep.log.  It "
-        "touches nothing.")
+        "job's run, whether its tmux session is alive, and the last lines of sweep.log.  For a "
+        "--provider slurm run (give its --gpu card and --box-dir): the Slurm job's id, its "
+        "state and node, and while it waits in the queue the reason squeue gives.  It touches "
+        "nothing.")
     p.add_argument("--box-dir", default=None,
-                   help="the box folder (default ~/.local/share/emmy/node-collect on the box)")
+                   help="the box folder, as the run was given it (default "
+                        "~/.local/share/emmy/node-collect on the box; with --gpu "
+                        "~/.local/share/emmy/node-collect-slurm)")
+    p.add_argument("--gpu", default=None, metavar="ALIAS",
+                   help="a --provider slurm run's card: read its box folder BOX_DIR/ALIAS on the "
+                        "login node (this machine or --remote), where squeue answers")
     p.add_argument("--remote", default=None,
                    help="the server: user@host[:port] or an ~/.ssh/config alias (default: "
                         "this machine)")
@@ -445,7 +452,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
             transport.connect()
         except (ConnectionError, OSError) as e:
             raise CommandError(f"cannot reach --remote={args.remote}: {e}") from None
-    base = args.box_dir or DEFAULT_BASE  # as the run was given it: its tmux names come from it
+    if args.gpu is not None:
+        from harness.cards import UnknownCardError, by_alias
+        from harness.slurmbox import slurm_base
+
+        if "," in args.gpu:
+            raise CommandError(f"--gpu={args.gpu}: one card's alias, as the run's --gpu named "
+                               "it (e.g. h100); run status once per card", EXIT_USAGE)
+        try:
+            by_alias(args.gpu)
+        except UnknownCardError as e:
+            raise CommandError(f"--gpu={args.gpu}: {e}", EXIT_USAGE) from None
+        base = slurm_base(args.box_dir, args.gpu)
+    else:  # as the run was given it: its tmux names come from it
+        base = args.box_dir or DEFAULT_BASE
     driver = BoxDriver(transport=transport, tmux=Tmux(transport, args.tmux_socket), base=base)
     try:
         st = box_status(driver, max(0, args.lines))

@@ -25,8 +25,8 @@ import pytest
 from harness import cards
 from harness.boxctl import DEFAULT_BASE, BoxDriver, BoxError, JobOutcome
 from harness.contract import (
-    BUDGET_GRACE_S,
     MIN_JOB_S,
+    SLACK_PER_JOB_S,
     Entry,
     SessionSpec,
     SessionStatus,
@@ -55,9 +55,6 @@ from harness.store import (
 )
 
 JobKey = tuple[str, Job]  # (--gpu token, job)
-# The controller's default limit on a card's session (--timeout-s): the budget and this much
-# per job (the box bounds each job within the grace of its allotment; the rest is slack).
-SLACK_PER_JOB_S = BUDGET_GRACE_S + 60.0
 SLURM_POLL_S = 30.0  # --poll-s with --provider slurm: one squeue a poll, kind to slurmctld
 
 

@@ -52,6 +52,10 @@ BUDGET_GRACE_S = 20.0
 """A point started near the end of an allotment may run this far past it before it is cut: the
 bound that keeps every job within that of its allotment."""
 
+SLACK_PER_JOB_S = BUDGET_GRACE_S + 60.0
+"""The controller's default limit on a card's session (``--timeout-s``) is the budget and this
+much per job: the box bounds each job within the grace of its allotment; the rest is slack."""
+
 MIN_JOB_S = 3.0
 """The least a job can use: an allotment under this is not started (its time goes on)."""
 

@@ -160,9 +160,10 @@ def pending_at_home(rows_dir: Path, db_id: str, merged: dict[str, int], current_
 
 
 def write_owner(path: Path, record: dict[str, Any]) -> None:
-    """Write a run's owner record (0600, atomic)."""
+    """Write a run's owner record (0600, atomic; the workers of a run, one a card, write it
+    at once, each through a temporary file of its own)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")

@@ -199,10 +199,13 @@ class Ledger:
         return cls()
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the ledger atomically: ``<path>.tmp``, flush + fsync, then rename over ``path``."""
+        """Write the ledger atomically: ``.<name>.<pid>.tmp``, flush + fsync, then rename over
+        ``path``.  The temporary file is the writer's own: the workers of one run (one a card)
+        save the same ``--ledger`` at once, and one's rename must never take the other's half
+        written file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         text = json.dumps(self.to_dict(), indent=1, sort_keys=True)
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")

@@ -93,9 +93,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--poll-s", type=float, default=None,
                 help="seconds between the controller's looks at the box's session (default 1 "
                      "local, 60 remote); the box never waits for them")
+    from harness.contract import SLACK_PER_JOB_S
+    from harness.slurmbox import QUEUE_ALLOWANCE_S
+
     g.addoption("--timeout-s", type=float, default=None,
-                help="stop and harvest the sweep this many seconds after setup (default: the "
-                     "budget plus 80 s per job and 80 s more)")
+                help=f"stop and harvest the sweep this many seconds after setup (default: the "
+                     f"budget plus {SLACK_PER_JOB_S:g} s per job and {SLACK_PER_JOB_S:g} s more); "
+                     "with --provider slurm, this many seconds after the job's submission, its "
+                     "wait in the queue included (default: that, --slurm-setup-s and "
+                     f"{QUEUE_ALLOWANCE_S / 3600:g} h in the queue); a job still waiting then is "
+                     "cancelled")
     g.addoption("--tmux-socket", default=None,
                 help="tmux server socket name on the box (tmux -L); default: the user's server")
     g.addoption("--no-merge", action="store_true", default=False,

@@ -39,7 +39,14 @@ from harness.contract import (
     SessionStatus,
     SlurmOptions,
 )
-from harness.remote.slurm import JobInfo, Slurm, SlurmError, sbatch_options, time_limit_minutes
+from harness.remote.slurm import (
+    JobInfo,
+    Slurm,
+    SlurmError,
+    parse_squeue,
+    sbatch_options,
+    time_limit_minutes,
+)
 
 DEFAULT_SLURM_BASE = "~/.local/share/emmy/node-collect-slurm"
 """``--box-dir`` with ``--provider slurm``: a folder on the cluster's shared filesystem that
@@ -217,7 +224,7 @@ cd {q(self.path('repo'))} || exit 2
         rc, _, out = text.partition("|")
         assert self.job_id is not None
         if rc.strip() == "0" and out.strip():
-            return JobInfo(self.job_id, *_split3(out))
+            return parse_squeue(self.job_id, out)
         if "Invalid job id" in out or rc.strip() == "0":  # forgotten: what accounting says
             return self.slurm.info(self.job_id) or JobInfo(self.job_id, "")
         return None  # slurmctld did not answer: not an ended job
@@ -406,8 +413,3 @@ cd {q(self.path('repo'))} || exit 2
         return (f"Slurm job {self.job_id}{node}, {end - self.submitted_at:.0f}s in the queue"
                 f"{why}")
 
-
-def _split3(text: str) -> tuple[str, str, str]:
-    state, _, rest = text.strip().partition("|")
-    reason, _, node = rest.partition("|")
-    return state.strip(), reason.strip(), node.strip()

@@ -3,7 +3,10 @@
 Reads the box folder (this machine's, or a ``--remote`` server's over SSH) in a few short calls
 and touches nothing: the box's lock, the session the folder's service runs or ran last
 (``current-session.json``, its ``status.json``), whether its tmux session is alive, and the
-last lines of ``sweep.log`` (kept on the box until the next run starts a session).
+last lines of ``sweep.log`` (kept on the box until the next run starts a session).  Where the
+session is a Slurm batch job's (``--provider slurm``: the box folder is a card's on the
+cluster's shared filesystem, read from the login node), what ``squeue`` says of the job stands
+in for tmux: its id, its state, its node, and while it waits the reason ``squeue`` gives.
 """
 
 from __future__ import annotations
@@ -16,17 +19,30 @@ from harness.boxctl import CURRENT_SESSION, BoxDriver, BoxError
 from harness.contract import Layout, SessionStatus
 from harness.owner import Owner
 from harness.progress import format_us
+from harness.remote.slurm import Slurm, SlurmError
 
 
 def box_status(driver: BoxDriver, lines: int = 10) -> dict[str, Any]:
-    """What the box folder says of its session, as plain values (``--json`` prints them)."""
+    """What the box folder says of its session, as plain values (``--json`` prints them).
+    ``alive``: the tmux session runs, or, for a Slurm job (``slurm``), the job may still run
+    the session."""
     out: dict[str, Any] = {"box": driver.transport.name, "box_dir": driver.base,
                            "tmux_session": driver.sweep_session, "lock": None,
-                           "session": None, "alive": driver.tmux.alive(driver.sweep_session),
-                           "log": []}
+                           "session": None, "alive": False, "slurm": None, "log": []}
     if driver.transport.run(["test", "-d", driver.base], check=False, timeout=60).rc != 0:
         out["error"] = f"no box folder {driver.base} on {driver.transport.name}"
         return out
+    try:
+        cur = driver.read_json(driver.path(CURRENT_SESSION))
+    except (BoxError, ValueError):
+        cur = None
+    job_id = cur.get("slurm_job") if isinstance(cur, dict) else None
+    if isinstance(job_id, str):
+        out["tmux_session"] = None
+        out["slurm"] = _slurm_job(driver, job_id)
+        out["alive"] = out["slurm"]["alive"]
+    else:
+        out["alive"] = driver.tmux.alive(driver.sweep_session)
     try:
         lock_text = driver.transport.run(["cat", driver.path("lock.json")], check=False,
                                          timeout=60).stdout.strip()
@@ -39,7 +55,8 @@ def box_status(driver: BoxDriver, lines: int = 10) -> dict[str, Any]:
     except ValueError:
         out["lock"] = {"holder": "unreadable lock.json", "touched_s_ago": None}
     try:
-        cur = driver.read_json(driver.path(CURRENT_SESSION))
+        if not isinstance(cur, dict):
+            raise ValueError("no current session")
         layout = Layout(driver.base, str(cur["run_id"]), str(cur["session_id"]))
         status = SessionStatus.from_json(
             driver.transport.run(["cat", layout.service("status.json")], check=False,
@@ -52,6 +69,37 @@ def box_status(driver: BoxDriver, lines: int = 10) -> dict[str, Any]:
     return out
 
 
+def _slurm_job(driver: BoxDriver, job_id: str) -> dict[str, Any]:
+    """What Slurm says of the job (``squeue``, or ``sacct`` once squeue has forgotten it);
+    ``state`` None when Slurm did not answer."""
+    job: dict[str, Any] = {"job_id": job_id, "state": None, "reason": "", "node": "",
+                           "alive": False}
+    try:
+        info = Slurm(driver.transport).info(job_id)
+    except SlurmError as exc:
+        job["error"] = str(exc)
+        return job
+    if info is None:
+        job["error"] = (f"squeue -j {job_id} did not answer on {driver.transport.name} (is "
+                        "slurmctld up?)")
+        return job
+    job.update(state=info.state, reason=info.reason, node=info.node, alive=info.alive)
+    return job
+
+
+def format_slurm(job: dict[str, Any]) -> str:
+    """``Slurm job 4711: PENDING (Resources)``, ``…: RUNNING on gpu017``, ``…: COMPLETED``."""
+    head = f"Slurm job {job['job_id']}: "
+    if job.get("error"):
+        return head + job["error"]
+    if not job["state"]:
+        return head + "no longer known to Slurm (squeue nor sacct knows it)"
+    more = f" on {job['node']}" if job["node"] and job["state"] != "PENDING" else ""
+    if job["reason"] and (job["state"] == "PENDING" or not job["alive"]):
+        more += f" ({job['reason']})"  # why it waits, or why it ended
+    return head + job["state"] + more
+
+
 def format_status(st: dict[str, Any]) -> list[str]:
     """The lines a person reads."""
     head = f"box {st['box']}: {st['box_dir']}"
@@ -62,15 +110,18 @@ def format_status(st: dict[str, Any]) -> list[str]:
         f", touched {lock['touched_s_ago']}s ago" if lock.get("touched_s_ago") is not None else "")
         if lock else "free (no run holds this box)")]
     s = st.get("session")
-    alive = "alive" if st["alive"] else "not running"
+    if st.get("slurm"):
+        runs_in = format_slurm(st["slurm"])
+    else:
+        runs_in = f"tmux session {st['tmux_session']}: {'alive' if st['alive'] else 'not running'}"
     if s is None:
-        lines.append(f"session: none yet in this box folder (tmux session {st['tmux_session']}: "
-                     f"{alive})")
+        none = "not started yet" if st.get("slurm") else "none yet in this box folder"
+        lines.append(f"session: {none} ({runs_in})")
     else:
         left = max(0.0, s["budget_s"] - s["spent_s"])
         lines.append(f"session {s['session_id']} (run {s['run_id']}): {s['state']}"
                      + (f" ({s['error']})" if s.get("error") else "")
-                     + f"; tmux session {st['tmux_session']}: {alive}")
+                     + f"; {runs_in}")
         eta = s.get("eta_s")
         lines.append(f"card {s.get('card') or '?'} ({s.get('regime') or '?'}), "
                      f"{s['spent_s']:.0f}s of {s['budget_s']:.0f}s budget spent, "

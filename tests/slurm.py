@@ -11,6 +11,9 @@ and partitions:
   sets the probe's test seam ``EMMY_BOX_CARD_NAME``, as a real node's driver would name its
   GPU).
 
+``slurm_login``: the cluster's login node over SSH, a real sshd on 127.0.0.1 (``tests/sshd.py``)
+whose sessions talk to this cluster (``SLURM_CONF``), for ``--remote``.
+
 The session's end cancels every job of the cluster, stops the daemons and removes the folder;
 nothing of it is left in ``ps``.  Skips with a reason when Slurm or munge is not installed
 (``.ci/run`` installs ``slurm-wlm`` and ``munge``).
@@ -29,8 +32,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.sshd import SSHServer
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
 CARDS = {"l40s": "NVIDIA L40S", "h100": "NVIDIA H100 80GB"}
@@ -244,6 +251,19 @@ def slurm() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_login(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[SSHServer]:
+    """An sshd of its own on 127.0.0.1 whose sessions reach ``slurm`` as a login node's do."""
+    from tests.sshd import start_server
+
+    server = start_server(tmp_path_factory.mktemp("slurm-login"), env={"SLURM_CONF": str(slurm.conf)})
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _free_port() -> int:

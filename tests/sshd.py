@@ -39,8 +39,9 @@ class SSHServer:
     every open connection) and starts it again on the same port; :meth:`stop` ends it.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
+        self.env = dict(env or {})
         self.host = HOST
         self.port = 0
         self.user = getpass.getuser()
@@ -90,9 +91,10 @@ class SSHServer:
     def session_env(self) -> dict[str, str]:
         """What every session through this sshd gets in its environment.  A box through this
         sshd is this machine: its tmux sockets go where the tests look for them, also when
-        TMUX_TMPDIR points at a folder of its own."""
+        TMUX_TMPDIR points at a folder of its own; and the server's own ``env`` (e.g. the
+        ``SLURM_CONF`` of a test cluster whose login node it is)."""
         tmpdir = os.environ.get("TMUX_TMPDIR")
-        return {"TMUX_TMPDIR": tmpdir} if tmpdir else {}
+        return {**({"TMUX_TMPDIR": tmpdir} if tmpdir else {}), **self.env}
 
     def _write_port_files(self) -> None:
         env = self.session_env()
@@ -201,8 +203,9 @@ class SSHServer:
         return SSHTransport(self.remote, **kwargs)
 
 
-def start_server(root: Path) -> SSHServer:
-    """Create keys and config under ``root`` and start sshd (skips the test without sshd)."""
+def start_server(root: Path, env: dict[str, str] | None = None) -> SSHServer:
+    """Create keys and config under ``root`` and start sshd (skips the test without sshd);
+    ``env``: variables every session through it gets."""
     if not SSHD.is_file():
         pytest.skip(f"{SSHD} not found: install openssh-server "
                     f"(apt-get install openssh-server) to run the SSH tests")
@@ -211,7 +214,7 @@ def start_server(root: Path) -> SSHServer:
     if os.geteuid() == 0:
         # sshd refuses to start as root without its privilege separation folder.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    server = SSHServer(root)
+    server = SSHServer(root, env)
     server._write_files()
     server.start()
     atexit.register(server.stop)

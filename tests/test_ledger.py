@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import re
 import shutil
 import tempfile
@@ -189,16 +191,37 @@ def test_save_format_and_atomic(tmp_path: Path) -> None:
         },
     }
     assert text == json.dumps(data, indent=1, sort_keys=True) + "\n"
-    assert not (path.parent / "ledger.json.tmp").exists()
+    assert [p.name for p in path.parent.iterdir()] == ["ledger.json"]
     assert Ledger.load(path).to_dict() == ledger.to_dict()
 
 
 def test_save_replaces_stale_tmp(tmp_path: Path) -> None:
     path = tmp_path / "ledger.json"
-    (tmp_path / "ledger.json.tmp").write_text("half a write")
+    stale = tmp_path / f".ledger.json.{os.getpid()}.tmp"  # a writer of this pid that died
+    stale.write_text("half a write")
     _ledger(("deployable", "ok")).save(path)
     assert Ledger.load(path).status(KEY, "deployable") == "ok"
-    assert not (tmp_path / "ledger.json.tmp").exists()
+    assert not stale.exists()
+
+
+def _save_many(path: str, n: int) -> None:
+    ledger = _ledger(("deployable", "ok"))
+    for _ in range(n):
+        ledger.save(path)
+
+
+def test_two_processes_save_one_ledger_at_once(tmp_path: Path) -> None:
+    """The workers of a run with several cards save the same --ledger at once."""
+    path = tmp_path / "ledger.json"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_save_many, args=(str(path), 300)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert Ledger.load(path).status(KEY, "deployable") == "ok"
+    assert [p.name for p in tmp_path.iterdir()] == ["ledger.json"]
 
 
 _GOOD_ENTRY = {"spec": "A=0", "deployable": {"status": "ok", "attempts": 1}}

@@ -24,11 +24,18 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.contract import SlurmOptions
-from harness.remote.slurm import JobInfo, SlurmError, sbatch_options, time_limit_minutes
+from harness.remote.slurm import (
+    JobInfo,
+    SlurmError,
+    parse_squeue,
+    sbatch_options,
+    time_limit_minutes,
+)
 from tests.runs import box_rows, db_points
 
 if TYPE_CHECKING:
     from tests.slurm import SlurmCluster
+    from tests.sshd import SSHServer
 
 pytest_plugins = ["pytester", "tests.slurm"]
 
@@ -55,7 +62,11 @@ def test_slurm_sbatch_options_fill_the_card_and_keep_extra_words_whole() -> None
 
 def test_slurm_job_states_read_as_words() -> None:
     assert JobInfo("7", "PENDING", "Resources").describe() == "is pending (Resources)"
-    assert JobInfo("7", "CANCELLED", "None").describe().startswith("was cancelled")
+    assert parse_squeue("7", "CANCELLED|None|").describe() == \
+        "was cancelled (scancel, by you or an administrator)"
+    assert parse_squeue("7", "PENDING|None|").describe() == "is pending"
+    assert parse_squeue("7", "PENDING|Resources|").describe() == "is pending (Resources)"
+    assert parse_squeue("7", "RUNNING|None|node3").describe() == "is running on node3"
     assert JobInfo("7", "TIMEOUT", "TimeLimit").describe() == "reached its time limit (TimeLimit)"
     assert JobInfo("7", "COMPLETING").alive and not JobInfo("7", "COMPLETED").alive
 
@@ -75,18 +86,26 @@ def test_slurm_options_need_the_slurm_provider(pytester: pytest.Pytester) -> Non
 # -- whole runs against the cluster ----------------------------------------------------------
 class SlurmRun:
     """``pytest collect_tests --provider=slurm`` in its own process group, as a user types it
-    on the login node; runs of one test share its box folder, node table and state."""
+    on the login node, or on a laptop that reaches the login node ``login`` with ``--remote``
+    (its environment then knows nothing of the cluster: every Slurm command must go over
+    SSH); runs of one test share its box folder, node table and state."""
 
-    def __init__(self, tmp: Path, cluster: SlurmCluster, *args: str) -> None:
+    def __init__(self, tmp: Path, cluster: SlurmCluster, *args: str,
+                 login: SSHServer | None = None) -> None:
         self.tmp, self.cluster = tmp, cluster
         self.db, self.box, self.state = tmp / "autotune.db", tmp / "box", tmp / "state"
         env = {k: v for k, v in cluster.env.items()
                if not k.startswith(("PYTEST_", "TRITON_", "EMMY_"))}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.update(EMMY_STATE_DIR=str(self.state), PYTHONUNBUFFERED="1")
+        remote: list[str] = []
+        if login is not None:
+            env.pop("SLURM_CONF")
+            remote = [f"--remote={login.remote}", f"--ssh-key={login.client_key}",
+                      f"--known-hosts={login.known_hosts}", f"--box-python={sys.executable}"]
         cmd = [sys.executable, "-m", "pytest", "collect_tests", "-p", "no:cacheprovider",
                "--provider=slurm", "--slurm-gres=none", f"--db={self.db}",
-               f"--box-dir={self.box}", "--poll-s=0.5", *args]
+               f"--box-dir={self.box}", "--poll-s=0.5", *remote, *args]
         self.out_path = tmp / f"run-{len(list(tmp.glob('run-*.txt')))}.txt"
         self.started_at = time.time()
         with self.out_path.open("w") as out:
@@ -115,6 +134,18 @@ class SlurmRun:
     def job_ids(self) -> list[str]:
         return JOB_LINE.findall(self.output)
 
+    def wait_running(self, timeout: float = 240.0) -> str:
+        """Wait until ``squeue`` shows the run's job running; its id."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = self.job_ids()
+            if ids and self.cluster.jobs().get(ids[0]) == "RUNNING":
+                return ids[0]
+            assert self.proc.poll() is None, f"the run ended before its job ran:\n{self.output[-3000:]}"
+            assert time.monotonic() < deadline, f"no job of ours running: {self.cluster.jobs()}" \
+                f"\n{self.output[-3000:]}"
+            time.sleep(0.1)
+
     def finish(self, timeout: float = 400.0) -> tuple[int, str]:
         try:
             rc = self.proc.wait(timeout=timeout)
@@ -123,6 +154,21 @@ class SlurmRun:
             self.proc.wait(30)
             raise AssertionError(f"the run did not end in {timeout:.0f}s:\n{self.output[-3000:]}") from None
         return rc, self.output
+
+
+def harness_status(cluster: SlurmCluster, box: Path, gpu: str, *args: str,
+                   login: SSHServer | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m harness status --gpu=GPU --box-dir=BOX`` on the login node, or from a
+    laptop through ``login`` (then only the login node's sessions know the cluster)."""
+    env = {k: v for k, v in cluster.env.items() if not k.startswith(("PYTEST_", "EMMY_"))}
+    remote: list[str] = []
+    if login is not None:
+        env.pop("SLURM_CONF")
+        remote = [f"--remote={login.remote}", f"--ssh-key={login.client_key}",
+                  f"--known-hosts={login.known_hosts}"]
+    return subprocess.run([sys.executable, "-m", "harness", "status", f"--gpu={gpu}",
+                           f"--box-dir={box}", *remote, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def run(tmp: Path, cluster: SlurmCluster, *args: str) -> tuple[int, str, SlurmRun]:
@@ -272,8 +318,7 @@ def test_slurm_a_job_pending_past_timeout_is_cancelled_and_says_why(
                            r"queue \((\w+)[^)]*\) and still waits", out)
         assert reason, out[-3000:]
         assert reason.group(1) in ("Resources", "Priority")  # squeue's word for the busy node
-        assert re.search(r"^softmax +(skipped|stopped|not run)", out, re.M), out[-3000:]
-        assert "status: COMPLETE" in out
+        assert "own softmax: skipped: --timeout-s=4 reached" in out and "status: COMPLETE" in out
         assert slurm.jobs()[job] == "CANCELLED"
         assert blocker in slurm.live_jobs()
         assert not list((r.state / "leases").glob("*.json"))
@@ -309,3 +354,114 @@ def test_slurm_a_node_with_another_card_is_refused(tmp_path: Path, slurm: SlurmC
     assert db.execute("select distinct gpu, regime from node").fetchall() == [
         ("NVIDIA H100 80GB", "interpret")]
     assert_nothing_of_ours_left(r2)
+
+
+# -- the login node over SSH (--remote) ------------------------------------------------------
+@pytest.mark.slow
+def test_slurm_over_ssh_runs_a_session_from_a_laptop(
+        tmp_path: Path, slurm: SlurmCluster, slurm_login: SSHServer) -> None:
+    r = SlurmRun(tmp_path, slurm, *MATMUL, login=slurm_login)
+    job = r.wait_running()  # squeue shows it while it runs
+    rc, out = r.finish()
+    assert rc == 0, out[-4000:]
+    assert "status: COMPLETE (sweep done + merge done)" in out
+    assert r.job_ids() == [job]
+    assert re.search(rf"box {re.escape(slurm_login.remote)}: Triton CPU interpreter "
+                     rf"\(interpret\), Slurm job {job} on {slurm.node}, \d+s in the queue",
+                     out), out[-3000:]
+    assert "(None)" not in out  # squeue's word for no reason is not a reason
+    assert slurm.jobs()[job] == "COMPLETED"
+    assert len(assert_all_merged(r)) == 38
+    assert_nothing_of_ours_left(r)
+    # from the laptop, afterwards: the session the job ran, and how the job ended
+    st = harness_status(slurm, r.box, "interpret", "--json", login=slurm_login)
+    assert st.returncode == 0, st.stdout + st.stderr
+    seen = json.loads(st.stdout)
+    assert seen["slurm"]["job_id"] == job and seen["slurm"]["state"] == "COMPLETED"
+    assert seen["alive"] is False and seen["session"]["state"] == "done"
+
+
+@pytest.mark.slow
+def test_slurm_over_ssh_ctrl_c_cancels_only_our_job_and_loses_no_row(
+        tmp_path: Path, slurm: SlurmCluster, slurm_login: SSHServer) -> None:
+    other = slurm.submit("-c", "1", "-J", "someone-else", "--wrap", "sleep 600") \
+        if slurm.cpus >= 2 else None
+    try:
+        r = SlurmRun(tmp_path, slurm, *MATMUL, login=slurm_login)
+        r.wait_for_log("interpret", r"\[batch 1\] own matmul")
+        (job,) = r.job_ids()
+        assert job in slurm.live_jobs()
+        os.killpg(r.proc.pid, signal.SIGINT)
+        rc, out = r.finish(180)
+        assert rc == pytest.ExitCode.INTERRUPTED, out[-3000:]
+        assert "status: INTERRUPTED (job own-matmul stopped and harvested; " in out
+        assert "Traceback" not in out
+        (rows_file,) = (r.box / "interpret" / "rows").glob("bench-*/own-matmul.jsonl")
+        n = len(rows_file.read_text().splitlines())
+        assert 0 < n < 38
+        assert f"stopped and harvested: {n} rows merged" in out
+        assert len(db_points(r.db)) == n
+        assert_all_merged(r)
+        assert_nothing_of_ours_left(r)
+        if other:
+            assert other in slurm.live_jobs()  # another user's job is never touched
+    finally:
+        if other:
+            slurm.run("scancel", other)
+            slurm.wait_gone(other)
+
+
+@pytest.mark.slow
+def test_slurm_status_shows_the_job_its_state_and_why_it_waits(
+        tmp_path: Path, slurm: SlurmCluster, slurm_login: SSHServer) -> None:
+    box = tmp_path / "box"
+    (box / "h100").mkdir(parents=True)
+    blocker = slurm.submit("-c", str(slurm.cpus), "-J", "someone-else", "--wrap", "sleep 600")
+    ours = slurm.submit("-c", "1", "--wrap", "sleep 600")
+    try:
+        # a run's box folder whose session is this job's (as the controller writes it)
+        (box / "h100" / "current-session.json").write_text(json.dumps(
+            {"run_id": "bench-1", "session_id": "bench-1", "started": time.time(),
+             "slurm_job": ours}))
+        (box / "h100" / "sweep.log").write_text(f"[slurm] job {ours} on a node: setting up\n")
+        deadline = time.monotonic() + 60
+        while True:  # the scheduler has looked at it: it waits for a reason
+            seen = json.loads(harness_status(slurm, box, "h100", "--json").stdout)
+            if seen["slurm"]["reason"]:
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+        assert seen["slurm"]["state"] == "PENDING" and seen["alive"] is True, seen
+        reason = seen["slurm"]["reason"]
+        assert reason in ("Resources", "Priority"), seen
+        assert seen["tmux_session"] is None and seen["session"] is None
+        st = harness_status(slurm, box, "h100", login=slurm_login)  # from a laptop, as text
+        assert st.returncode == 0, st.stdout + st.stderr
+        # (the scheduler may give the other reason by now)
+        assert re.search(rf"session: not started yet \(Slurm job {ours}: PENDING "
+                         r"\((Resources|Priority)\)\)", st.stdout), st.stdout
+        assert f"[slurm] job {ours} on a node: setting up" in st.stdout
+
+        slurm.run("scancel", blocker)
+        deadline = time.monotonic() + 60
+        while slurm.jobs().get(ours) != "RUNNING":
+            assert time.monotonic() < deadline, slurm.jobs()
+            time.sleep(0.2)
+        st = harness_status(slurm, box, "h100")
+        assert f"Slurm job {ours}: RUNNING on {slurm.node}" in st.stdout, st.stdout
+
+        slurm.run("scancel", ours)
+        slurm.wait_gone(ours)
+        seen = json.loads(harness_status(slurm, box, "h100", "--json").stdout)
+        assert seen["slurm"]["state"] == "CANCELLED" and seen["alive"] is False
+    finally:
+        slurm.run("scancel", blocker, ours, check=False)
+        slurm.wait_gone(blocker, ours)
+
+
+def test_slurm_status_wants_one_known_card(tmp_path: Path) -> None:
+    for gpu, says in (("h100,l40s", "one card's alias"), ("h10O", "unknown card 'h10O'")):
+        st = subprocess.run([sys.executable, "-m", "harness", "status", f"--gpu={gpu}",
+                             f"--box-dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+        assert st.returncode != 0 and says in st.stderr + st.stdout, st.stderr

@@ -68,21 +68,23 @@ class JobInfo:
         if not self.state:
             return "is no longer known to Slurm"
         if self.pending:
-            return f"is pending ({self.reason or 'no reason given'})"
+            return f"is pending ({self.reason})" if self.reason else "is pending"
         if self.state == "RUNNING":
             return f"is running on {self.node}" if self.node else "is running"
         if self.alive:
             return f"is {self.state.lower()}"
         word = ENDED_STATES.get(self.state, f"ended ({self.state})")
-        reason = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        reason = f" ({self.reason})" if self.reason else ""
         return f"{word}{reason}"
 
 
 def parse_squeue(job_id: str, line: str) -> JobInfo:
-    """A line of ``squeue -h -o '%T|%r|%N'`` (state, reason, node list)."""
+    """A line of ``squeue -h -o '%T|%r|%N'`` (state, reason, node list) or of ``sacct -P -o
+    State,Reason,NodeList``; Slurm's reason ``None`` (no reason) is read as none."""
     state, _, rest = line.strip().partition("|")
     reason, _, node = rest.partition("|")
-    return JobInfo(job_id, state.strip().split()[0] if state.strip() else "", reason.strip(),
+    reason = "" if reason.strip() == "None" else reason.strip()
+    return JobInfo(job_id, state.strip().split()[0] if state.strip() else "", reason,
                    node.strip())
 
 
