@@ -793,6 +793,9 @@ def test_a_full_rows_dir_fails_the_job_and_the_next_run_merges_its_rows(tmp_path
     the ledger does not call them done, and the next run brings them home and merges them."""
     full = tmp_path / "rows-full"
     with tmpfs(full, "12k"):
+        # two of its three pages are taken: the run's owner record fits, no rows file does, however
+        # few rows a loaded machine measures in the budget
+        (full / "filler").write_bytes(b"\0" * 2 * 4096)
         r = collect(tmp_path, tmux_socket, "--budget-s=60", f"--rows-dir={full}", "-k", "own and matmul")
         left = sorted(p.name for p in full.rglob("*"))
     out = r.stdout + r.stderr
@@ -801,6 +804,7 @@ def test_a_full_rows_dir_fails_the_job_and_the_next_run_merges_its_rows(tmp_path
     assert "the next run with this node table merges them first" in out
     assert "Traceback" not in out
     assert not [n for n in left if n.endswith(".part")], left
+    assert not [n for n in left if n.endswith(".jsonl")], left
     (on_box,) = (tmp_path / "box" / "rows").glob("bench-*/own-matmul.jsonl")
     wrote = read_jsonl(on_box)
     assert wrote
