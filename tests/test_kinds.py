@@ -39,8 +39,10 @@ SYNTHETIC_GPU = "synthetic reference"  # plays another card in the interpreter's
 
 
 # -- the interpreter subprocess ----------------------------------------------------------------
-def _check_pools_interpreted(kind_name: str, shapes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run every spec of the interpreter pool of each shape; one result per spec."""
+def _check_pools_interpreted(kind_name: str, shapes: list[dict[str, Any]],
+                             force: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run every spec of the interpreter pool of each shape (with the knobs of ``force`` set
+    on each, where given); one result per spec."""
 
     kind = registry.get(kind_name)
     results = []
@@ -49,6 +51,7 @@ def _check_pools_interpreted(kind_name: str, shapes: list[dict[str, Any]]) -> li
         ref = kind.reference(shape, inputs).float()
         atol, rtol = kind.tolerance(shape["dtype"])
         for knobs in kind.enumerate(shape, INTERPRETER):
+            knobs = {**knobs, **(force or {})}
             inputs["out"].fill_(float("nan"))  # a kernel that skips outputs cannot pass
             launch = kind.prepare(knobs, shape, inputs)
             launch.run()
@@ -68,11 +71,10 @@ def _check_pools_interpreted(kind_name: str, shapes: list[dict[str, Any]]) -> li
 
 
 def _run_interpreted(kind_name: str, shapes: list[dict[str, Any]] | None = None,
-                     ) -> list[dict[str, Any]]:
+                     force: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, str(Path(__file__).resolve()), kind_name]
-    if shapes is not None:
-        cmd.append(json.dumps(shapes))
+    cmd = [sys.executable, str(Path(__file__).resolve()), kind_name,
+           json.dumps(shapes), json.dumps(force)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"interpreter run of {kind_name} failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,6 +93,28 @@ def test_interpreter_pool_matches_reference(kind_name: str) -> None:
         ran = [r for r in results if r["shape_id"] == g.shape_id]
         pool = registry.get(kind_name).enumerate(g.shape, INTERPRETER)
         assert len(ran) == len(pool) >= 5, f"{g.shape_id}: ran {len(ran)} of {len(pool)} specs"
+    failures = [r for r in results if r["error"]]
+    assert not failures, f"{len(failures)} specs differ from the reference: {failures[:5]}"
+
+
+# tiny ragged shapes (no tile divides them) that the copy-engine paths must read and write
+# within their bounds
+RAGGED_TINY = {
+    "attention": [{"batch": 2, "heads": 2, "seq": seq, "head_dim": 16, "causal": causal,
+                   "dtype": "fp32"} for seq, causal in ((40, True), (23, False))],
+    "matmul": [{"M": 40, "N": 24, "K": 40, "dtype": "fp32"}],
+}
+
+
+@pytest.mark.parametrize("kind_name", list(RAGGED_TINY))
+def test_the_tma_path_matches_the_reference_in_the_interpreter(kind_name: str) -> None:
+    """The tensor-descriptor path of a kind, run by the Triton interpreter over its whole tiny
+    pool on ragged shapes: reads past the end are zeros, stores past it are dropped, every
+    output element is written (the output starts as NaN)."""
+    force = ({"TMA": 1} if kind_name == "attention"
+             else {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1})
+    results = _run_interpreted(kind_name, RAGGED_TINY[kind_name], force)
+    assert len(results) >= 10
     failures = [r for r in results if r["error"]]
     assert not failures, f"{len(failures)} specs differ from the reference: {failures[:5]}"
 
@@ -342,7 +366,8 @@ def test_golden_pools_on_the_live_gpu(kind_name: str, capsys: pytest.CaptureFixt
 GEMM_KINDS = ["matmul", "norm_linear", "mlp_geglu", "linear_norm"]
 
 
-@pytest.mark.parametrize("kind_name", ["matmul", "norm_linear", "mlp_geglu", "linear_norm"])
+@pytest.mark.parametrize("kind_name", ["matmul", "norm_linear", "mlp_geglu", "linear_norm",
+                                       "attention"])
 @pytest.mark.parametrize("alias", ["h200", "l40s"])
 def test_a_pool_is_the_realizable_part_of_the_knob_product(kind_name: str, alias: str) -> None:
     """Trying the TMA knobs only where the pointer path realizes loses no configuration and
@@ -360,7 +385,7 @@ def test_a_pool_is_the_realizable_part_of_the_knob_product(kind_name: str, alias
         assert pool == plain
         has_tma = any("TMA" in k for k in pool)
         assert has_tma == (card.cc >= (9, 0)), f"{g.shape_id} on {card.name}"
-        if has_tma:
+        if has_tma and kind_name != "attention":
             assert any(k["TMA"] and k["PERSISTENT"] and k["SUBTILE"] for k in pool)
             assert not any(not k["TMA"] and (k["PERSISTENT"] or k["SUBTILE"]) for k in pool)
 
@@ -379,17 +404,30 @@ def test_an_anchor_recorded_before_the_tma_knobs_means_the_pointer_path() -> Non
     assert old.replace("GROUP_M=8,", "GROUP_M=8,PERSISTENT=1,SUBTILE=0,TMA=1,") in own
     on_l40s = pools.build(by_alias("l40s"), anchors=[anchor], shapes=[g])
     assert on_l40s.shapes[0].own_anchors == [] and on_l40s.shapes[0].cross_anchors == [old]
-GEMM_PATHS = {"pointers": (0, 0, 0), "tma": (1, 0, 0), "tma+persistent": (1, 1, 0),
-              "tma+persistent+subtile": (1, 1, 1)}
+# the copy-engine paths of each kind that has them, as knob values
+KIND_PATHS: dict[str, dict[str, dict[str, int]]] = {
+    **{kind_name: {"pointers": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0},
+                   "tma": {"TMA": 1, "PERSISTENT": 0, "SUBTILE": 0},
+                   "tma+persistent": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0},
+                   "tma+persistent+subtile": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1}}
+       for kind_name in GEMM_KINDS},
+    "attention": {"pointers": {"TMA": 0}, "tma": {"TMA": 1}},
+}
+# ragged sequences (not a multiple of any tile): the TMA path's zero-filled reads past the
+# sequence and its clipped stores, causal and not
+RAGGED_ATTENTION = [{"batch": 2, "heads": 3, "seq": seq, "head_dim": d, "causal": causal,
+                     "dtype": "bf16"} for seq, d, causal in ((1000, 128, True), (1000, 128, False),
+                                                             (333, 64, True), (77, 64, False))]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind_name", GEMM_KINDS)
-def test_every_gemm_path_matches_the_reference_on_every_golden_shape(
+@pytest.mark.parametrize("kind_name", list(KIND_PATHS))
+def test_every_copy_engine_path_matches_the_reference_on_every_golden_shape(
         kind_name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Each path of the GEMM template (pointers, TMA, persistent, subtiled epilogue) on every
-    golden shape: a seeded spec of the path's pool, checked against the fp32 reference by
-    the bench worker (the check every sweep point passes before it is timed)."""
+    """Each path of a kind (pointers, TMA and, for the GEMM template, persistent and a
+    subtiled epilogue) on every golden shape: seeded specs of the path's pool, checked against
+    the fp32 reference by the bench worker (the check every sweep point passes before it is
+    timed).  Attention also runs ragged sequences."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
@@ -403,28 +441,32 @@ def test_every_gemm_path_matches_the_reference_on_every_golden_shape(
     from harness.box.compiler import CompilePool, default_workers
 
     kind = registry.get(kind_name)
+    shapes = [(g.shape_id, g.shape) for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name])]
+    if kind_name == "attention":
+        shapes += [(f"ragged{i}", shape) for i, shape in enumerate(RAGGED_ATTENTION)]
+    per_path = 3 if kind_name == "attention" else 1
     points = []
-    for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]):
-        pool = kind.enumerate(g.shape, card)
-        for path, (tma, persistent, subtile) in GEMM_PATHS.items():
-            on_path = [k for k in pool if (k["TMA"], k["PERSISTENT"], k["SUBTILE"])
-                       == (tma, persistent, subtile)]
-            assert on_path, f"{g.shape_id}: no {path} spec realizes on {card.name}"
-            knobs = random.Random(f"{g.shape_id}/{path}").choice(on_path)
-            points.append((g, path, knobs))
+    for shape_id, shape in shapes:
+        pool = kind.enumerate(shape, card)
+        for path, values in KIND_PATHS[kind_name].items():
+            on_path = [k for k in pool if all(k[key] == v for key, v in values.items())]
+            assert on_path, f"{shape_id}: no {path} spec realizes on {card.name}"
+            rng = random.Random(f"{shape_id}/{path}")
+            points += [(shape_id, shape, path, knobs)
+                       for knobs in rng.sample(on_path, min(per_path, len(on_path)))]
     # compiled ahead on the box's cores, as a sweep does
     compiler = CompilePool(default_workers(), target=("cuda", card.cc[0] * 10 + card.cc[1], 32))
-    for i, (g, _, knobs) in enumerate(points):
-        compiler.submit(str(i), kind_name, g.shape, knobs)
+    for i, (_, shape, _, knobs) in enumerate(points):
+        compiler.submit(str(i), kind_name, shape, knobs)
     bencher = Bencher("cuda", 2, 5)
     failures, lines = [], []
-    for i, (g, path, knobs) in enumerate(points):
+    for i, (shape_id, shape, path, knobs) in enumerate(points):
         compiler.wait(str(i), 600)
-        res = bencher.measure({"kind": kind_name, "shape": g.shape, "knobs": knobs})
-        lines.append(f"{g.shape_id:48} {path:24} {res['status']:10} "
+        res = bencher.measure({"kind": kind_name, "shape": shape, "knobs": knobs})
+        lines.append(f"{shape_id:48} {path:24} {res['status']:10} "
                      f"{res['value_us'] or 0:10.1f} us  {make_spec(knobs)}")
         if res["status"] != "ok":
-            failures.append((g.shape_id, make_spec(knobs), res["status"], res["error"]))
+            failures.append((shape_id, make_spec(knobs), res["status"], res["error"]))
     with capsys.disabled():
         print(f"\n{card.name}: {kind_name}\n" + "\n".join(lines))
     assert not failures, failures
@@ -432,6 +474,5 @@ def test_every_gemm_path_matches_the_reference_on_every_golden_shape(
 
 if __name__ == "__main__":
     _kind = sys.argv[1]
-    _shapes = (json.loads(sys.argv[2]) if len(sys.argv) > 2
-               else [g.shape for g in _interpret_shapes(_kind)])
-    print(json.dumps(_check_pools_interpreted(_kind, _shapes)))
+    _shapes = json.loads(sys.argv[2]) or [g.shape for g in _interpret_shapes(_kind)]
+    print(json.dumps(_check_pools_interpreted(_kind, _shapes, json.loads(sys.argv[3]))))

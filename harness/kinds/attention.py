@@ -3,6 +3,10 @@
 
 Queries and keys have the same length and every head has its own K/V (the kernel's work per
 head is the same under grouped-query attention; only K/V reuse across heads differs).
+
+On cards of compute capability 9.0 and later the pool adds ``TMA`` (the tiles move through
+tensor descriptors, harness/kinds/_attention_triton.py); an older card's pool and
+configuration keys are what they were, and a configuration without the knob means ``TMA=0``.
 """
 
 from __future__ import annotations
@@ -29,13 +33,17 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
+    monotone = ("TMA",)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32, 64], "BLOCK_N": [16, 32, 64], "num_warps": [1, 2],
                     "num_stages": [1, 2]}
-        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
-                "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
+        space: dict[str, list[Any]] = {"BLOCK_M": [16, 32, 64, 128, 256],
+                                       "BLOCK_N": [16, 32, 64, 128, 256]}
+        if card.cc >= (9, 0):
+            space["TMA"] = [0, 1]
+        return {**space, "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
@@ -45,6 +53,8 @@ class Attention(Kind):
             return f"head_dim {d} is not one of {HEAD_DIMS}"
         if bm > max(16, next_pow2(seq)) or bn > max(16, next_pow2(seq)):
             return "tile larger than the sequence"
+        if knobs.get("TMA", 0) and not self.is_interpret(card) and card.cc < (9, 0):
+            return f"TMA needs compute capability 9.0 or later; {card.name} has {card.cc}"
         if self.is_interpret(card):
             return None
         e = DTYPE_BYTES[shape["dtype"]]
@@ -95,17 +105,28 @@ class Attention(Kind):
         from harness.kinds._attention_triton import attention_kernel
 
         q, k, v, out = inputs["q"], inputs["k"], inputs["v"], inputs["out"]
-        bm = knobs["BLOCK_M"]
+        bm, bn, d = knobs["BLOCK_M"], knobs["BLOCK_N"], shape["head_dim"]
         grid = (cdiv(shape["seq"], bm), shape["batch"] * shape["heads"])
-        sm_scale = shape["head_dim"] ** -0.5
+        sm_scale = d ** -0.5
+        tma = knobs.get("TMA", 0)
+        srcs: tuple[Any, ...] = (q, k, v, out)
+        if tma:  # descriptors made once, over the (batch * heads, seq, head_dim) views
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            if not all(t.is_contiguous() for t in srcs):
+                raise ValueError("the TMA path needs contiguous Q, K, V and output")
+            zh = shape["batch"] * shape["heads"]
+            srcs = tuple(TensorDescriptor.from_tensor(t.reshape(zh, shape["seq"], d),
+                                                      [1, rows, d])
+                         for t, rows in ((q, bm), (k, bn), (v, bn), (out, bm)))
 
         def launch() -> Any:
             return attention_kernel[grid](
-                q, k, v, out, sm_scale, shape["heads"], shape["seq"],
+                *srcs, sm_scale, shape["heads"], shape["seq"],
                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                 v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                 HEAD_DIM=shape["head_dim"], BLOCK_M=bm, BLOCK_N=knobs["BLOCK_N"],
-                CAUSAL=bool(shape["causal"]),
+                CAUSAL=bool(shape["causal"]), TMA=tma,
                 num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
 
         return Launch(run=launch, out=out)

@@ -1,13 +1,15 @@
-"""The GEMM template's paths against torch's op on the golden shapes of the live GPU.
+"""The kernels' copy-engine paths against torch's op on the golden shapes of the live GPU.
 
-For every golden shape of the matmul-like kinds (or those named), a small grid of tiles is run
-on each path the card realizes (pointers; TMA; TMA + persistent; TMA + persistent + subtiled
-epilogue), checked against the fp32 reference with the kind's tolerance, and timed with
-``triton.testing.do_bench`` (median) beside torch's own op (cuBLAS for the linears).  Prints
-one line per shape (the best configuration of each path over torch's time) and writes every
-measurement as JSON lines to ``--out``.
+For every golden shape of the matmul-like kinds and attention (or the kinds named), a small
+grid of tiles is run on each path the card realizes (GEMM template: pointers; TMA; TMA +
+persistent; TMA + persistent + subtiled epilogue; attention: pointers; TMA), checked against
+the fp32 reference with the kind's tolerance, and timed with ``triton.testing.do_bench``
+(median) beside torch's own op (cuBLAS for the linears, SDPA for attention) and, with
+``--compile``, torch.compile's kernel (max-autotune).  Prints one line per shape (the best
+configuration of each path over torch's time) and writes every measurement as JSON lines to
+``--out``.
 
-    python bench/gemm_paths.py [--kinds matmul,norm_linear] [--out gemm_paths.jsonl]
+    python bench/kernel_paths.py [--kinds matmul,attention] [--compile] [--out paths.jsonl]
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-GEMM_KINDS = ("matmul", "norm_linear", "mlp_geglu", "linear_norm")
+KINDS = ("matmul", "norm_linear", "mlp_geglu", "linear_norm", "attention")
 PATHS = {"ptr": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0},
          "tma": {"TMA": 1, "PERSISTENT": 0, "SUBTILE": 0},
          "tma_persistent": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0},
@@ -33,10 +35,23 @@ PREFILL_TILES = [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 256, 64
                  (128, 128, 128, 8, 8, 3), (256, 128, 64, 8, 8, 3), (64, 256, 64, 8, 4, 4)]
 DECODE_TILES = [(16, 64, 128, 1, 4, 4), (16, 128, 128, 1, 4, 4), (16, 32, 256, 1, 4, 3),
                 (16, 64, 256, 1, 4, 4), (16, 128, 64, 1, 4, 6)]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); a tile a head_dim cannot hold is unrealizable
+ATTENTION_TILES = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
+                   (128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3), (64, 128, 4, 2),
+                   (128, 32, 4, 4), (256, 64, 8, 2)]
+ATTENTION_PATHS = {"ptr": {"TMA": 0}, "tma": {"TMA": 1}}
 OWN = {"norm_linear": [{"PROLOGUE": 0}, {"PROLOGUE": 1}, {"PROLOGUE": 2}], "linear_norm": [{"ROW_PROGRAM": 0}]}
 
 
+def paths(kind_name: str) -> dict[str, dict]:
+    return ATTENTION_PATHS if kind_name == "attention" else PATHS
+
+
 def candidates(kind_name: str, shape: dict) -> list[dict]:
+    if kind_name == "attention":
+        return [{"BLOCK_M": bm, "BLOCK_N": bn, **path, "num_warps": w, "num_stages": s}
+                for (bm, bn, w, s), path in itertools.product(ATTENTION_TILES,
+                                                               ATTENTION_PATHS.values())]
     tiles = DECODE_TILES if shape["M"] <= 64 else PREFILL_TILES
     out = []
     for (bm, bn, bk, gm, w, s), path, own in itertools.product(
@@ -48,9 +63,11 @@ def candidates(kind_name: str, shape: dict) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kinds", default=",".join(GEMM_KINDS))
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--compile", action="store_true",
+                    help="also time torch.compile's kernel (max-autotune) on each shape")
     ap.add_argument("--shapes", default="", help="only shape ids containing this text")
-    ap.add_argument("--out", default="gemm_paths.jsonl")
+    ap.add_argument("--out", default="kernel_paths.jsonl")
     args = ap.parse_args()
 
     import torch
@@ -88,16 +105,25 @@ def main() -> int:
             atol, rtol = kind.tolerance(g.shape["dtype"])
             torch_us = 1e3 * do_bench(functools.partial(kind.torch_op, g.shape, inputs),
                                       return_mode="median")  # do_bench answers in ms
+            compile_us = None
+            if args.compile:
+                try:
+                    compiled = kind.baseline("compile", g.shape, inputs)
+                    compiled.run()  # compiles (max-autotune) on its first launch
+                    compile_us = 1e3 * do_bench(compiled.run, return_mode="median")
+                except Exception as exc:  # noqa: BLE001 - a baseline that fails is reported
+                    print(f"{g.shape_id}: torch.compile failed: {type(exc).__name__}: "
+                          f"{str(exc)[:200]}", flush=True)
             best: dict[str, tuple[float, str]] = {}
             wrong = 0
             for knobs in candidates(kind_name, g.shape):
                 if kind.unrealizable(knobs, g.shape, card):
                     continue
-                path = next(p for p, v in PATHS.items()
+                path = next(p for p, v in paths(kind_name).items()
                             if all(knobs[k] == x for k, x in v.items()))
                 compiler.wait(f"{g.shape_id}/{make_spec(knobs)}", 600)
                 rec = {"kind": kind_name, "shape_id": g.shape_id, "spec": make_spec(knobs),
-                       "path": path, "torch_us": torch_us}
+                       "path": path, "torch_us": torch_us, "compile_us": compile_us}
                 try:
                     launch = kind.prepare(knobs, g.shape, inputs)
                     launch.out.fill_(float("nan"))
@@ -117,18 +143,27 @@ def main() -> int:
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
             line = {p: round(best[p][0] / torch_us, 3) for p in best}
-            summary.append((kind_name, g.shape_id, torch_us, line, wrong))
+            vs_compile = (round(min(b[0] for b in best.values()) / compile_us, 3)
+                          if compile_us and best else None)
+            summary.append((kind_name, g.shape_id, torch_us, line, wrong, vs_compile))
             print(f"{g.shape_id:52} torch {torch_us:9.1f} us  " + "  ".join(
-                f"{p} {r:.3f}" for p, r in line.items()) + (f"  WRONG {wrong}" if wrong else ""),
-                flush=True)
+                f"{p} {r:.3f}" for p, r in line.items())
+                + (f"  best/compile {vs_compile:.3f}" if vs_compile else "")
+                + (f"  WRONG {wrong}" if wrong else ""), flush=True)
             inputs = ref = None
             torch.cuda.empty_cache()
     print(f"done in {time.time() - t_start:.0f} s")
     for kind_name in args.kinds.split(","):
-        ratios = [min(r.values()) for k, _, _, r, _ in summary if k == kind_name and r]
+        ratios = [min(r.values()) for k, _, _, r, _, _ in summary if k == kind_name and r]
         if ratios:
             print(f"{kind_name:12} best path over torch: median {statistics.median(ratios):.3f} "
                   f"max {max(ratios):.3f} over {len(ratios)} shapes")
+        over = [c for k, _, _, _, _, c in summary if k == kind_name and c]
+        if over:
+            print(f"{kind_name:12} best path over torch.compile: median "
+                  f"{statistics.median(over):.3f} max {max(over):.3f} over {len(over)} shapes")
+        wrong = sum(w for k, _, _, _, w, _ in summary if k == kind_name)
+        print(f"{kind_name:12} wrong results: {wrong}")
     return 0
 
 
