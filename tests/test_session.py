@@ -111,9 +111,10 @@ def test_a_service_ended_by_a_hang_up_says_so_and_its_job_resumes(tmp_path: Path
     rc, out = run.finish()
     assert rc == 0, out[-3000:]
     jobs = summary_jobs(out)
-    assert jobs[("own", "softmax")]["state"].startswith(
-        "done (pool exhausted); resumed in a new session after its run died: the service was "
-        "ended by SIGHUP"), out[-3000:]
+    # how far the resumed job got depends on the machine's load; that it resumed does not
+    assert re.fullmatch(r"done \((pool exhausted|budget spent)\); resumed in a new session after "
+                        r"its run died: the service was ended by SIGHUP.*",
+                        jobs[("own", "softmax")]["state"]), out[-3000:]
     assert jobs[("own", "rms_norm")]["state"] == "done", out[-3000:]
     (first,) = [SessionStatus.from_json(f.read_text())
                 for f in (run.box / "service").glob("bench-*/status.json")
