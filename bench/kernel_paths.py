@@ -33,6 +33,9 @@ PATHS = {"ptr": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0},
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILES = [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 4),
                  (128, 128, 128, 8, 8, 3), (256, 128, 64, 8, 8, 3), (64, 256, 64, 8, 4, 4)]
+# mlp_geglu holds two B tiles and two accumulators: the 128x256 tiles do not fit its card
+GEGLU_PREFILL_TILES = [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (64, 128, 64, 8, 4, 4),
+                       (128, 64, 64, 8, 4, 4), (128, 128, 32, 8, 8, 4), (64, 256, 64, 8, 8, 3)]
 DECODE_TILES = [(16, 64, 128, 1, 4, 4), (16, 128, 128, 1, 4, 4), (16, 32, 256, 1, 4, 3),
                 (16, 64, 256, 1, 4, 4), (16, 128, 64, 1, 4, 6)]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); a tile a head_dim cannot hold is unrealizable
@@ -52,7 +55,8 @@ def candidates(kind_name: str, shape: dict) -> list[dict]:
         return [{"BLOCK_M": bm, "BLOCK_N": bn, **path, "num_warps": w, "num_stages": s}
                 for (bm, bn, w, s), path in itertools.product(ATTENTION_TILES,
                                                                ATTENTION_PATHS.values())]
-    tiles = DECODE_TILES if shape["M"] <= 64 else PREFILL_TILES
+    tiles = (DECODE_TILES if shape["M"] <= 64 else
+             GEGLU_PREFILL_TILES if kind_name == "mlp_geglu" else PREFILL_TILES)
     out = []
     for (bm, bn, bk, gm, w, s), path, own in itertools.product(
             tiles, PATHS.values(), OWN.get(kind_name, [{}])):
@@ -143,6 +147,9 @@ def main() -> int:
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
             line = {p: round(best[p][0] / torch_us, 3) for p in best}
+            if not best:
+                print(f"{g.shape_id:52} torch {torch_us:9.1f} us  no configuration of the grid "
+                      "ran on this card (see --out for why)", flush=True)
             vs_compile = (round(min(b[0] for b in best.values()) / compile_us, 3)
                           if compile_us and best else None)
             summary.append((kind_name, g.shape_id, torch_us, line, wrong, vs_compile))

@@ -162,6 +162,9 @@ def _add_goldens(subparsers: Any) -> None:
     r.add_argument("--gpu", required=True, help="card alias, e.g. h200")
     r.add_argument("--out", type=Path, default=None,
                    help="anchors file (default harness/goldens/anchors/<alias>.json)")
+    r.add_argument("--keep-faster", action="store_true",
+                   help="a shape whose anchor in the file is faster than this table's best keeps "
+                   "it (a short sweep does not undo a longer one)")
     r.set_defaults(func=_cmd_goldens_record)
 
 
@@ -180,7 +183,7 @@ def _cmd_goldens_record(args: argparse.Namespace) -> int:
         rows = store.rows(gpu=card.name, regime="deployable", status="ok")
     if not rows:
         raise CommandError(f"{db} has no deployable ok rows of {card.name}; nothing recorded")
-    path, n, changed = record(rows, card, args.out)
+    path, n, changed = record(rows, card, args.out, keep_faster=args.keep_faster)
     print(f"anchors of {card.name}: {n} shapes in {path} ({changed} new or changed, from {len(rows)} ok rows)")
     return EXIT_OK
 

@@ -43,6 +43,10 @@ class Run:
         self.out_path = tmp / f"run-{n}{'-' + name if name else ''}.txt"
         self.t0 = time.monotonic()
         self.started_at = time.time()
+        try:  # the box's log may hold earlier runs' lines (and an orphan job may still add some)
+            self.box_log_start = (self.box / "sweep.log").stat().st_size
+        except FileNotFoundError:
+            self.box_log_start = 0
         with self.out_path.open("w") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -58,14 +62,18 @@ class Run:
 
     def wait_for_box(self, pattern: str, timeout: float = 180.0) -> re.Match[str]:
         """Wait for ``pattern`` in the box's own log: every line is there, where the
-        controller prints only the newest line each poll sees.  A log older than this run
-        (an earlier run's, in the same box folder) is not read."""
+        controller prints only the newest line each poll sees.  Only what was written after
+        this run started is read: the lines of earlier runs in the same box folder (or of a
+        job an earlier run left measuring) do not answer.  A log that was started over
+        (smaller than it was) is read whole."""
         log = self.box / "sweep.log"
 
         def find() -> re.Match[str] | None:
             try:
-                fresh = log.stat().st_mtime >= self.started_at
-                return re.search(pattern, log.read_text(errors="replace")) if fresh else None
+                with log.open("rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    f.seek(self.box_log_start if size >= self.box_log_start else 0)
+                    return re.search(pattern, f.read().decode(errors="replace"))
             except FileNotFoundError:
                 return None
 

@@ -94,7 +94,7 @@ def test_random_interruptions_lose_nothing_and_duplicate_nothing(tmp_path: Path,
     other = Run(tmp_path / "other", tmux_socket, "-k", "own and matmul", "--budget-s=60",
                 name="bystander", state=tmp_path / "other" / "state")
     run = Run(tmp_path, tmux_socket, *SERVICE_FAULT, name="service-killed")
-    run.wait_for_box(r"\[batch 1\]", timeout=240)
+    run.wait_for_box(r"\[batch 1\] own rms_norm", timeout=240)
     signal_service(run.box, signal.SIGKILL)
     assert other.proc.poll() is None  # the other run was measuring when it happened
     rc, out = run.finish(timeout=400)
@@ -109,7 +109,7 @@ def test_random_interruptions_lose_nothing_and_duplicate_nothing(tmp_path: Path,
 
     # the tmux server is killed mid-job (the box rebooted, say)
     run = Run(tmp_path, tmux_socket, *TMUX_FAULT, name="tmux-server-killed")
-    run.wait_for_box(r"\[batch 1\]", timeout=240)
+    run.wait_for_box(r"\[batch 1\] cross rms_norm", timeout=240)
     subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], check=True)
     rc, out = run.finish(timeout=400)
     with capsys.disabled():

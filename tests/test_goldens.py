@@ -57,6 +57,21 @@ def test_record_keeps_anchors_of_shapes_not_measured(tmp_path: Path) -> None:
     assert {a.shape_id for a in goldens.load_anchor_file(path)} == {"s1", "s2"}
 
 
+def test_record_keep_faster_keeps_the_faster_anchor_of_a_longer_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "a.json"
+    record([_row("A=1", 1.0, shape_id="s1"), _row("A=1", 2.0, shape_id="s2")], by_alias("h200"), out)
+    # a short sweep: slower on s1 (keeps A=1), faster on s2 (takes A=3), new on s3
+    rows = [_row("A=2", 1.5, shape_id="s1"), _row("A=3", 1.9, shape_id="s2"),
+            _row("A=4", 3.0, shape_id="s3")]
+    path, n, changed = record(rows, by_alias("h200"), out, keep_faster=True)
+    assert (n, changed) == (3, 2)
+    got = {a.shape_id: (a.spec, a.value_us) for a in goldens.load_anchor_file(path)}
+    assert got == {"s1": ("A=1", 1.0), "s2": ("A=3", 1.9), "s3": ("A=4", 3.0)}
+    # without it the table's best replaces every measured shape
+    record(rows, by_alias("h200"), out)
+    assert {a.shape_id: a.spec for a in goldens.load_anchor_file(out)}["s1"] == "A=2"
+
+
 def test_record_refuses_a_db_without_rows_of_the_card(tmp_path: Path) -> None:
     db = tmp_path / "n.db"
     with NodeStore(db) as s:

@@ -35,14 +35,20 @@ def best_anchors(rows: Iterable[Mapping[str, Any]], gpu: str) -> list[Anchor]:
             for (k, s), r in sorted(best.items())]
 
 
-def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = None) -> tuple[Path, int, int]:
+def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = None,
+           keep_faster: bool = False) -> tuple[Path, int, int]:
     """Write ``card``'s anchors file: measured shapes take their best spec, shapes not in
-    ``rows`` keep the anchor they had.  Returns (path, anchors written, of which new/changed)."""
+    ``rows`` keep the anchor they had; with ``keep_faster``, so does a shape whose anchor was
+    measured faster than anything in ``rows`` (a short sweep that did not reach it leaves the
+    longer sweep's anchor).  Returns (path, anchors written, of which new/changed)."""
     path = path or ANCHOR_DIR / f"{card.alias}.json"
     found = best_anchors(rows, card.name)
     kept: dict[tuple[str, str], Anchor] = {}
     if path.is_file():
         kept = {(a.kind, a.shape_id): a for a in load_anchor_file(path)}
+    if keep_faster:
+        found = [a for a in found if (a.kind, a.shape_id) not in kept
+                 or a.value_us <= kept[(a.kind, a.shape_id)].value_us]
     changed = sum(1 for a in found if kept.get((a.kind, a.shape_id), None) is None
                   or kept[(a.kind, a.shape_id)].spec != a.spec)
     for a in found:
