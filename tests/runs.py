@@ -42,7 +42,6 @@ class Run:
         n = len(list(tmp.glob("run-*.txt")))
         self.out_path = tmp / f"run-{n}{'-' + name if name else ''}.txt"
         self.t0 = time.monotonic()
-        self.started_at = time.time()
         try:  # the box's log may hold earlier runs' lines (and an orphan job may still add some)
             self.box_log_start = (self.box / "sweep.log").stat().st_size
         except FileNotFoundError:
