@@ -34,6 +34,8 @@ class Point:
     knobs: dict[str, Any] = field(hash=False, compare=False)
     # a shipped configuration or a baseline (harness.shipped): measured before the rest
     first: bool = field(default=False, compare=False)
+    # one of this card's own anchors (the fastest of earlier sweeps): measured next
+    anchor: bool = field(default=False, compare=False)
 
 
 @dataclass
@@ -108,9 +110,15 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
             sliced = {s: [x for x in specs if x not in first] for s, specs in sliced.items()}
             sliced["own"] = list(first) + sliced["own"]
             spec_knobs = {**spec_knobs, **first}
+        # then this card's own anchors, so a short sweep measures the known best of each shape
+        anchor = {x for x in own if x not in first}
+        sliced["own"] = ([x for x in sliced["own"] if x in first]
+                         + [x for x in sliced["own"] if x in anchor]
+                         + [x for x in sliced["own"] if x not in first and x not in anchor])
         pts = [Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name, kind=g.kind,
                      shape_id=g.shape_id, spec=spec, slice=s, shape=dict(g.shape),
-                     knobs=dict(spec_knobs[spec]), first=spec in first)
+                     knobs=dict(spec_knobs[spec]), first=spec in first,
+                     anchor=spec in anchor)
                for s in SLICES for spec in sliced[s]]
         out.append(ShapePool(golden=g, enumerated=enumerated, own_anchors=own,
                              cross_anchors=cross, points=pts))

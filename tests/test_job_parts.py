@@ -367,3 +367,28 @@ def test_a_job_that_measured_every_point_says_so_even_when_the_last_ended_past_i
                       clock=clock, tools=_tools(FakeWorker(clock)), started=clock())
     assert summary["benched"] == n and summary["elapsed_s"] > n - 0.5
     assert summary["stop"] == "pool exhausted"
+
+
+def test_shipped_points_then_the_cards_own_anchors_then_the_rest() -> None:
+    """A short sweep measures what people ship, then each shape's fastest configuration of
+    earlier sweeps (the card's own anchors), before anything drawn at random."""
+    card = cards.by_alias("h200")
+    pool = pools.build(card, kinds=["matmul"])
+    pts = pool.points("own", "matmul")
+    first = {p.key for p in pts if p.first}
+    anchors = {p.key for p in pts if p.anchor}
+    own = {(sp.golden.shape_id, a) for sp in pool.shapes for a in sp.own_anchors}
+    assert first and anchors and not first & anchors
+    assert anchors == {p.key for p in pts if (p.shape_id, p.spec) in own} - first
+    for sid in {p.shape_id for p in pts}:  # each shape's pool lists them in that order too
+        tiers = [0 if p.first else 1 if p.anchor else 2 for p in pts if p.shape_id == sid]
+        assert tiers == sorted(tiers)
+    sched = Scheduler(pts, batch=3, rng=random.Random(7))
+    order: list[str] = []
+    while len(order) < len(first) + len(anchors) + 30:
+        sid, batch = sched.next_batch()  # type: ignore[misc]
+        order += [p.key for p in batch]
+        sched.settle(sid, batch, lambda p: p.key not in order)
+    assert set(order[:len(first)]) == first
+    assert set(order[len(first):len(first) + len(anchors)]) == anchors
+    assert not (set(order[len(first) + len(anchors):]) & (first | anchors))

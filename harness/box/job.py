@@ -34,7 +34,8 @@ Clock = Callable[[], float]
 
 class Scheduler:
     """The points a job has left and the order it measures them in: the ``first`` points
-    (what people ship: :mod:`harness.shipped`) before the others.
+    (what people ship: :mod:`harness.shipped`), then the card's own ``anchor`` points, before
+    the others.
 
     ``next_batch`` keeps ``lookahead`` batches planned beyond the one it hands out (each
     submitted to the compile pool when it is planned) and returns the oldest; ``settle`` drops
@@ -64,10 +65,13 @@ class Scheduler:
         avail = {sid: [p for p in pts if p.key not in self.in_flight]
                  for sid, pts in self.remaining.items()}
         avail = {sid: pts for sid, pts in avail.items() if pts}
-        # what people ship (their configurations, the baselines) before the rest
-        firsts = {sid: [p for p in pts if p.first] for sid, pts in avail.items()}
-        if any(firsts.values()):
-            avail = {sid: pts for sid, pts in firsts.items() if pts}
+        # what people ship (their configurations, the baselines), then the card's own anchors
+        # (the fastest of earlier sweeps), before the rest
+        for tier in ("first", "anchor"):
+            ahead = {sid: [p for p in pts if getattr(p, tier)] for sid, pts in avail.items()}
+            if any(ahead.values()):
+                avail = {sid: pts for sid, pts in ahead.items() if pts}
+                break
         if not avail:
             return False
         shape_ids = sorted(avail)
