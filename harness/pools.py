@@ -16,7 +16,7 @@ from harness import kinds as registry
 from harness.cards import Card
 from harness.contract import SweepOptions
 from harness.kinds.base import completed
-from harness.points import make_spec, parse_spec, point_key
+from harness.points import knob_distance, make_spec, parse_spec, point_key
 from harness.slices import SLICES, assign_slices
 
 
@@ -34,8 +34,17 @@ class Point:
     knobs: dict[str, Any] = field(hash=False, compare=False)
     # a shipped configuration or a baseline (harness.shipped): measured before the rest
     first: bool = field(default=False, compare=False)
-    # one of this card's own anchors (the fastest of earlier sweeps): measured next
-    anchor: bool = field(default=False, compare=False)
+    # knob steps to this card's nearest own anchor (the fastest of earlier sweeps) where that
+    # is 0 or 1, else None: anchors are measured next, then their neighbours, then the rest
+    steps: int | None = field(default=None, compare=False)
+
+    @property
+    def tier(self) -> int:
+        """The order a job measures its points in: 0 what people ship, 1 the card's own
+        anchors, 2 one knob step from one, 3 the rest (drawn at random)."""
+        if self.first:
+            return 0
+        return 3 if self.steps is None else 1 + self.steps
 
 
 @dataclass
@@ -110,15 +119,16 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
             sliced = {s: [x for x in specs if x not in first] for s, specs in sliced.items()}
             sliced["own"] = list(first) + sliced["own"]
             spec_knobs = {**spec_knobs, **first}
-        # then this card's own anchors, so a short sweep measures the known best of each shape
-        anchor = {x for x in own if x not in first}
-        sliced["own"] = ([x for x in sliced["own"] if x in first]
-                         + [x for x in sliced["own"] if x in anchor]
-                         + [x for x in sliced["own"] if x not in first and x not in anchor])
+        # then this card's own anchors and their neighbours one knob step away, so a short
+        # sweep measures the known best of each shape and what is next to it first
+        own_knobs = [spec_knobs[a] for a in own]
+        steps = {x: d for x in sliced["own"] if x not in first and own_knobs
+                 and (d := min(knob_distance(spec_knobs[x], a, limit=1) for a in own_knobs)) <= 1}
+        sliced["own"] = sorted(sliced["own"], key=lambda x: 0 if x in first else 1 + steps.get(x, 2))
         pts = [Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name, kind=g.kind,
                      shape_id=g.shape_id, spec=spec, slice=s, shape=dict(g.shape),
                      knobs=dict(spec_knobs[spec]), first=spec in first,
-                     anchor=spec in anchor)
+                     steps=steps.get(spec) if s == "own" else None)
                for s in SLICES for spec in sliced[s]]
         out.append(ShapePool(golden=g, enumerated=enumerated, own_anchors=own,
                              cross_anchors=cross, points=pts))

@@ -16,6 +16,7 @@ from harness.box.job import Allotment, Durable, JobStats, Scheduler
 from harness.box.runner import BoxWriteError, JobConfig, RowsWriter, Tools, run_job
 from harness.cards import INTERPRET
 from harness.ledger import Ledger
+from harness.points import knob_distance, parse_spec
 
 
 @pytest.fixture(autouse=True)
@@ -369,26 +370,37 @@ def test_a_job_that_measured_every_point_says_so_even_when_the_last_ended_past_i
     assert summary["stop"] == "pool exhausted"
 
 
-def test_shipped_points_then_the_cards_own_anchors_then_the_rest() -> None:
+def test_shipped_points_then_the_cards_own_anchors_then_their_neighbours_then_the_rest() -> None:
     """A short sweep measures what people ship, then each shape's fastest configuration of
-    earlier sweeps (the card's own anchors), before anything drawn at random."""
+    earlier sweeps (the card's own anchors), then the configurations one knob step from them,
+    before anything else is drawn at random."""
     card = cards.by_alias("h200")
     pool = pools.build(card, kinds=["matmul"])
     pts = pool.points("own", "matmul")
-    first = {p.key for p in pts if p.first}
-    anchors = {p.key for p in pts if p.anchor}
-    own = {(sp.golden.shape_id, a) for sp in pool.shapes for a in sp.own_anchors}
-    assert first and anchors and not first & anchors
-    assert anchors == {p.key for p in pts if (p.shape_id, p.spec) in own} - first
+    anchors = {sp.golden.shape_id: [parse_spec(a) for a in sp.own_anchors] for sp in pool.shapes}
+    by_tier: dict[int, set[str]] = {t: set() for t in range(4)}
+    for p in pts:
+        by_tier[p.tier].add(p.key)
+        if p.first:
+            continue
+        d = min(knob_distance(p.knobs, a) for a in anchors[p.shape_id])
+        assert p.tier == (1 + d if d <= 1 else 3), (p.spec, d)
+    assert all(by_tier.values())
+    assert len(by_tier[1]) <= sum(len(a) for a in anchors.values())
     for sid in {p.shape_id for p in pts}:  # each shape's pool lists them in that order too
-        tiers = [0 if p.first else 1 if p.anchor else 2 for p in pts if p.shape_id == sid]
+        tiers = [p.tier for p in pts if p.shape_id == sid]
         assert tiers == sorted(tiers)
     sched = Scheduler(pts, batch=3, rng=random.Random(7))
     order: list[str] = []
-    while len(order) < len(first) + len(anchors) + 30:
+    ahead = len(by_tier[0]) + len(by_tier[1]) + len(by_tier[2])
+    while len(order) < ahead + 30:
         sid, batch = sched.next_batch()  # type: ignore[misc]
         order += [p.key for p in batch]
         sched.settle(sid, batch, lambda p: p.key not in order)
-    assert set(order[:len(first)]) == first
-    assert set(order[len(first):len(first) + len(anchors)]) == anchors
-    assert not (set(order[len(first) + len(anchors):]) & (first | anchors))
+    start = 0
+    for t in range(3):
+        assert set(order[start:start + len(by_tier[t])]) == by_tier[t], t
+        start += len(by_tier[t])
+    assert set(order[start:]) <= by_tier[3]
+    # another card's anchors and the tail are drawn at random, as before
+    assert all(p.tier == 3 for p in pool.points("cross", "matmul") + pool.points("tail", "matmul"))

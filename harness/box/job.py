@@ -34,8 +34,8 @@ Clock = Callable[[], float]
 
 class Scheduler:
     """The points a job has left and the order it measures them in: the ``first`` points
-    (what people ship: :mod:`harness.shipped`), then the card's own ``anchor`` points, before
-    the others.
+    (what people ship: :mod:`harness.shipped`), then the card's own anchors and their
+    neighbours one knob step away, before the others (:attr:`pools.Point.tier`).
 
     ``next_batch`` keeps ``lookahead`` batches planned beyond the one it hands out (each
     submitted to the compile pool when it is planned) and returns the oldest; ``settle`` drops
@@ -66,12 +66,11 @@ class Scheduler:
                  for sid, pts in self.remaining.items()}
         avail = {sid: pts for sid, pts in avail.items() if pts}
         # what people ship (their configurations, the baselines), then the card's own anchors
-        # (the fastest of earlier sweeps), before the rest
-        for tier in ("first", "anchor"):
-            ahead = {sid: [p for p in pts if getattr(p, tier)] for sid, pts in avail.items()}
-            if any(ahead.values()):
-                avail = {sid: pts for sid, pts in ahead.items() if pts}
-                break
+        # (the fastest of earlier sweeps), then their neighbours, before the rest (Point.tier)
+        if avail:
+            tier = min(p.tier for pts in avail.values() for p in pts)
+            avail = {sid: ahead for sid, pts in avail.items()
+                     if (ahead := [p for p in pts if p.tier == tier])}
         if not avail:
             return False
         shape_ids = sorted(avail)
