@@ -21,6 +21,7 @@ from harness.remote.providers import (
     parse_up_output,
     substitute,
 )
+from tests.sshd import SSHD
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_cloud.py"
@@ -103,6 +104,9 @@ def test_skypilot_failed_launch_takes_the_half_made_cluster_down() -> None:
 
 # -- the whole run against local sshd boxes ----------------------------------------------------
 def _cmd(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    if not SSHD.is_file():  # the fake cloud's servers are local sshd boxes
+        pytest.skip(f"{SSHD} not found: install openssh-server "
+                    "(apt-get install openssh-server) to run the SSH tests")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TRITON_"))}
     env["EMMY_STATE_DIR"] = str(tmp_path / "state")
     clouds = tmp_path / "cloud"
