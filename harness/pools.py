@@ -35,16 +35,20 @@ class Point:
     # a shipped configuration or a baseline (harness.shipped): measured before the rest
     first: bool = field(default=False, compare=False)
     # knob steps to this card's nearest own anchor (the fastest of earlier sweeps) where that
-    # is 0 or 1, else None: anchors are measured next, then their neighbours, then the rest
+    # is 0 or 1, else None (Point.tier)
     steps: int | None = field(default=None, compare=False)
 
     @property
     def tier(self) -> int:
-        """The order a job measures its points in: 0 what people ship, 1 the card's own
-        anchors, 2 one knob step from one, 3 the rest (drawn at random)."""
-        if self.first:
+        """The order a job measures its points in: 0 the card's own anchors (one or two a
+        shape, so a short sweep has each shape's known best), 1 what people ship (the rules,
+        the tutorial lists, the baselines), 2 one knob step from an anchor, 3 the rest, drawn
+        at random."""
+        if self.steps == 0:
             return 0
-        return 3 if self.steps is None else 1 + self.steps
+        if self.first:
+            return 1
+        return 2 if self.steps == 1 else 3
 
 
 @dataclass
@@ -110,7 +114,7 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
                 cross.append(spec)
         sliced = assign_slices(list(spec_knobs), own, cross, max_dist, tail_cap,
                                knobs_of=spec_knobs)
-        # what people ship (rules, tutorial lists, torch baselines) is measured first, in the
+        # what people ship (rules, tutorial lists, torch baselines) is measured early, in the
         # own slice, wherever the slicing put it
         first = {make_spec(k): k
                  for ks in shipped.configs(g.kind, g.shape, card, baselines).values()
@@ -119,12 +123,14 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
             sliced = {s: [x for x in specs if x not in first] for s, specs in sliced.items()}
             sliced["own"] = list(first) + sliced["own"]
             spec_knobs = {**spec_knobs, **first}
-        # then this card's own anchors and their neighbours one knob step away, so a short
-        # sweep measures the known best of each shape and what is next to it first
+        # this card's own anchors before what people ship, their neighbours one knob step away
+        # after it (Point.tier)
         own_knobs = [spec_knobs[a] for a in own]
-        steps = {x: d for x in sliced["own"] if x not in first and own_knobs
+        steps = {x: d for x in sliced["own"] if own_knobs
                  and (d := min(knob_distance(spec_knobs[x], a, limit=1) for a in own_knobs)) <= 1}
-        sliced["own"] = sorted(sliced["own"], key=lambda x: 0 if x in first else 1 + steps.get(x, 2))
+        rank = {x: 0 if steps.get(x) == 0 else 1 if x in first else 2 + steps.get(x, 2)
+                for x in sliced["own"]}
+        sliced["own"] = sorted(sliced["own"], key=rank.__getitem__)
         pts = [Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name, kind=g.kind,
                      shape_id=g.shape_id, spec=spec, slice=s, shape=dict(g.shape),
                      knobs=dict(spec_knobs[spec]), first=spec in first,

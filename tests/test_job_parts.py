@@ -329,16 +329,18 @@ def test_a_full_disk_ends_the_job_with_an_error_and_no_mark_without_its_row(
     assert sorted(marked) == sorted(r["point_key"] for r in rows)
 
 
-def test_shipped_points_come_first_and_baselines_skip_the_compile_pool(tmp_path: Path) -> None:
+def test_anchors_and_shipped_points_come_first_and_baselines_skip_the_compile_pool(
+        tmp_path: Path) -> None:
     clock = Clock()
     worker, compile_worker = FakeWorker(clock), FakeWorker(clock)
     pool = RecordingPool(clock, compile_s=0.0)
     card = cards.by_alias("h200")
     pts = pools.build(card, kinds=["matmul"]).points("own", "matmul")
-    first = [p for p in pts if p.first]
+    first = [p for p in pts if p.tier <= 1]  # the card's own anchors, then what people ship
+    assert any(p.first for p in first) and any(not p.first for p in first)
     for sid in {p.shape_id for p in pts}:  # each shape's pool lists them first too
         of = [p for p in pts if p.shape_id == sid]
-        assert of[:sum(p.first for p in of)] == [p for p in of if p.first]
+        assert of[:sum(p.tier <= 1 for p in of)] == [p for p in of if p.tier <= 1]
     summary = run_job(_job(tmp_path, kind="matmul", budget_s=0, batch=4), log=open("/dev/null", "w"),  # noqa: SIM115
                       clock=clock, tools=_tools(worker, pool, compile_worker),
                       should_stop=lambda: len(worker.calls) + len(compile_worker.calls)
@@ -370,10 +372,10 @@ def test_a_job_that_measured_every_point_says_so_even_when_the_last_ended_past_i
     assert summary["stop"] == "pool exhausted"
 
 
-def test_shipped_points_then_the_cards_own_anchors_then_their_neighbours_then_the_rest() -> None:
-    """A short sweep measures what people ship, then each shape's fastest configuration of
-    earlier sweeps (the card's own anchors), then the configurations one knob step from them,
-    before anything else is drawn at random."""
+def test_the_cards_own_anchors_then_shipped_points_then_neighbours_then_the_rest() -> None:
+    """A short sweep measures each shape's fastest configuration of earlier sweeps (the card's
+    own anchors: one or two a shape), then what people ship, then the configurations one knob
+    step from an anchor, before anything else is drawn at random."""
     card = cards.by_alias("h200")
     pool = pools.build(card, kinds=["matmul"])
     pts = pool.points("own", "matmul")
@@ -381,12 +383,10 @@ def test_shipped_points_then_the_cards_own_anchors_then_their_neighbours_then_th
     by_tier: dict[int, set[str]] = {t: set() for t in range(4)}
     for p in pts:
         by_tier[p.tier].add(p.key)
-        if p.first:
-            continue
         d = min(knob_distance(p.knobs, a) for a in anchors[p.shape_id])
-        assert p.tier == (1 + d if d <= 1 else 3), (p.spec, d)
+        assert p.tier == (0 if d == 0 else 1 if p.first else 2 if d == 1 else 3), (p.spec, d)
     assert all(by_tier.values())
-    assert len(by_tier[1]) <= sum(len(a) for a in anchors.values())
+    assert len(by_tier[0]) == sum(len(a) for a in anchors.values())
     for sid in {p.shape_id for p in pts}:  # each shape's pool lists them in that order too
         tiers = [p.tier for p in pts if p.shape_id == sid]
         assert tiers == sorted(tiers)

@@ -33,9 +33,9 @@ Clock = Callable[[], float]
 
 
 class Scheduler:
-    """The points a job has left and the order it measures them in: the ``first`` points
-    (what people ship: :mod:`harness.shipped`), then the card's own anchors and their
-    neighbours one knob step away, before the others (:attr:`pools.Point.tier`).
+    """The points a job has left and the order it measures them in: the card's own anchors,
+    what people ship (:mod:`harness.shipped`), the anchors' neighbours one knob step away, then
+    the others (:attr:`pools.Point.tier`).
 
     ``next_batch`` keeps ``lookahead`` batches planned beyond the one it hands out (each
     submitted to the compile pool when it is planned) and returns the oldest; ``settle`` drops
@@ -65,8 +65,8 @@ class Scheduler:
         avail = {sid: [p for p in pts if p.key not in self.in_flight]
                  for sid, pts in self.remaining.items()}
         avail = {sid: pts for sid, pts in avail.items() if pts}
-        # what people ship (their configurations, the baselines), then the card's own anchors
-        # (the fastest of earlier sweeps), then their neighbours, before the rest (Point.tier)
+        # the card's own anchors (the fastest of earlier sweeps), what people ship (their
+        # configurations, the baselines), the anchors' neighbours, then the rest (Point.tier)
         if avail:
             tier = min(p.tier for pts in avail.values() for p in pts)
             avail = {sid: ahead for sid, pts in avail.items()
