@@ -141,7 +141,10 @@ def box_rows(box: Path, job: str, but: frozenset[Path] = frozenset()) -> list[di
 
 
 def rows_files(box: Path, job: str) -> frozenset[Path]:
-    return frozenset((box / "rows").glob(f"*/{job}.jsonl"))
+    """The job's rows files of every run: its own and its top-ups' (``JOB.topN.jsonl``, where
+    budget was left once every job had run)."""
+    return frozenset((box / "rows").glob(f"*/{job}.jsonl")) \
+        | frozenset((box / "rows").glob(f"*/{job}.top*.jsonl"))
 
 
 def box_job_left(box: Path) -> bool:
@@ -246,12 +249,18 @@ def test_dropped_connection_the_job_goes_on_and_nothing_is_lost(sshd_private, tm
     assert job_line(out, "own", "matmul")["state"] == "done", out[-5000:]
     assert re.search(r"answers again.*\n(.*\n)*.*own-matmul \[job 1/1\]: \d+/\d+ pts, .*in "
                      r"\d\d:\d\d, done \((budget spent|pool exhausted)\)", out), out[-5000:]
-    # one job process from start to end: never restarted, batches numbered without a gap
+    # one service session from start to end: never restarted; the job's process (and a
+    # top-up's, where budget was left once it ended) each ran to its end, batches numbered
+    # without a gap
     log = (run.box / "sweep.log").read_text()
-    assert log.count("[sweep]") == 1 and "sweep done:" in log
+    assert log.count("[service] up") == 1, log
+    processes = log.split("[sweep]")[1:]
+    assert processes and all("sweep done:" in p for p in processes), log
     assert (run.box / "sweep.status").read_text().strip() == "0"
-    batches = [int(n) for n in re.findall(r"^\[batch (\d+)\]", log, re.M)]
-    assert batches == list(range(1, len(batches) + 1)) and batches
+    for p in processes:
+        batches = [int(n) for n in re.findall(r"^\[batch (\d+)\]", p, re.M)]
+        assert batches == list(range(1, len(batches) + 1)), log
+    assert re.search(r"^\[batch 1\]", log, re.M), log
     # every point the box benched is in the DB, with the box's own measurement
     rows = box_rows(run.box, "own-matmul")
     assert rows
