@@ -76,9 +76,9 @@ def test_a_killed_service_its_job_resumes_in_a_new_session_nothing_measured_twic
                      r"for what is left of own-softmax and the 1 job\(s\) it had not begun",
                      unwrapped(out)), out[-3000:]
     jobs = summary_jobs(out)
-    assert jobs[("own", "softmax")]["state"].startswith(
-        "done (pool exhausted); resumed in a new session after its run died: the box service "
-        "died"), out[-3000:]
+    # how far the resumed job got depends on the machine's load; that it resumed does not
+    assert re.match(r"done \((pool exhausted|budget spent)\); resumed in a new session after its "
+                    r"run died: the box service died", jobs[("own", "softmax")]["state"]), out[-3000:]
     assert jobs[("own", "rms_norm")]["state"] == "done", out[-3000:]
     assert rc == 0 and "status: COMPLETE" in out, out[-3000:]
     # two sessions of one run; the second took on the rest of the died job, then the other
