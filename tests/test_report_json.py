@@ -88,10 +88,13 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     assert list(jobs) == ["own", "cross"]
     own, cross = jobs["own"], jobs["cross"]
     assert own["nodeid"] == "collect_tests/test_sweep.py::test_sweep[local-own-softmax]"
-    assert (own["outcome"], own["reason"], own["state"]) == ("passed", None, "done (pool exhausted)")
+    assert (own["outcome"], own["reason"]) == ("passed", None)
+    # its few points end the job on an idle machine; on a busy one its allotment may end first
+    assert own["state"] in ("done (pool exhausted)", "done (budget spent)"), own
     assert (own["card"], own["regime"], own["kind"]) == ("Triton CPU interpreter", "interpret", "softmax")
     assert own["benched"] > 0 and own["benched"] == own["ok"] + own["failed"] == sum(own["statuses"].values())
-    assert own["points_done"] == own["points_total"] > 0
+    assert 0 < own["points_done"] <= own["points_total"]
+    assert own["state"] != "done (pool exhausted)" or own["points_done"] == own["points_total"]
     assert 0 < own["elapsed_s"] and own["allotment_s"] >= 3  # what its 3 points can use
     assert (cross["outcome"], cross["reason"]) == ("skipped", "--share-cross=0: the cross slice is skipped")
     assert (cross["benched"], cross["rows_file"], cross["allotment_s"]) == (0, None, None)

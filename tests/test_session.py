@@ -87,7 +87,10 @@ def test_a_killed_service_its_job_resumes_in_a_new_session_nothing_measured_twic
     assert len(statuses) == 2
     first, second = sorted(statuses, key=lambda s: s.session_id)
     assert second.session_id == first.session_id + ".2" and second.state == "done"
-    assert [e.id for e in second.entries] == ["own-softmax", "own-rms_norm"]
+    # (then, on a busy machine, top-ups of a job its allotment ended before its points did)
+    ids = [e.id for e in second.entries]
+    assert ids[:2] == ["own-softmax", "own-rms_norm"], ids
+    assert all(re.fullmatch(r"own-(softmax|rms_norm)\.top\d+", i) for i in ids[2:]), ids
     softmax = [r for r in box_rows(run.box) if r["kind"] == "softmax"]
     assert len(softmax) == 12 and 0 < second.entry("own-softmax").benched < 12
     # nothing measured twice, everything measured is merged
@@ -193,6 +196,8 @@ def test_status_shows_the_boxs_session_from_another_terminal(tmp_path: Path,
     st = json.loads(after.stdout)
     assert st["alive"] is False and st["lock"] is None
     assert st["session"]["state"] == "done"
-    assert [e["state"] for e in st["session"]["entries"]] == ["done", "done"]
+    # the two jobs (and, on a busy machine, top-ups where budget was left), each done
+    states = [e["state"] for e in st["session"]["entries"]]
+    assert len(states) >= 2 and set(states) == {"done"}, states
     assert any("session" in line and "done" in line for line in st["log"])
     assert status().stdout.count("\n") > 4  # the finished session's log stays on the box
