@@ -32,7 +32,7 @@ class Point:
     slice: str
     shape: dict[str, Any] = field(hash=False, compare=False)
     knobs: dict[str, Any] = field(hash=False, compare=False)
-    # a shipped configuration or a baseline (harness.shipped): measured before the rest
+    # a shipped configuration or a baseline (harness.shipped): measured early (Point.tier)
     first: bool = field(default=False, compare=False)
     # knob steps to this card's nearest own anchor (the fastest of earlier sweeps) where that
     # is 0 or 1, else None (Point.tier)
@@ -124,18 +124,16 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
             sliced["own"] = list(first) + sliced["own"]
             spec_knobs = {**spec_knobs, **first}
         # this card's own anchors before what people ship, their neighbours one knob step away
-        # after it (Point.tier)
+        # after it: each slice's points in the order a job measures them (Point.tier)
         own_knobs = [spec_knobs[a] for a in own]
         steps = {x: d for x in sliced["own"] if own_knobs
                  and (d := min(knob_distance(spec_knobs[x], a, limit=1) for a in own_knobs)) <= 1}
-        rank = {x: 0 if steps.get(x) == 0 else 1 if x in first else 2 + steps.get(x, 2)
-                for x in sliced["own"]}
-        sliced["own"] = sorted(sliced["own"], key=rank.__getitem__)
-        pts = [Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name, kind=g.kind,
-                     shape_id=g.shape_id, spec=spec, slice=s, shape=dict(g.shape),
-                     knobs=dict(spec_knobs[spec]), first=spec in first,
-                     steps=steps.get(spec) if s == "own" else None)
-               for s in SLICES for spec in sliced[s]]
+        pts = sorted((Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name,
+                            kind=g.kind, shape_id=g.shape_id, spec=spec, slice=s,
+                            shape=dict(g.shape), knobs=dict(spec_knobs[spec]),
+                            first=spec in first, steps=steps.get(spec) if s == "own" else None)
+                      for s in SLICES for spec in sliced[s]),
+                     key=lambda p: (SLICES.index(p.slice), p.tier))
         out.append(ShapePool(golden=g, enumerated=enumerated, own_anchors=own,
                              cross_anchors=cross, points=pts))
     return PoolSet(card=card, shapes=out, skipped_anchors=skipped)
