@@ -102,11 +102,17 @@ def test_report_json_of_a_real_local_run(tmp_path: Path, tmux_socket: str) -> No
     assert sorted(summary) == sorted((j["slice"], j["kind"]) for j in rep["jobs"])
     for j in rep["jobs"]:
         cell = summary[(j["slice"], j["kind"])]
-        assert (cell["benched"], cell["failed"]) == (j["benched"], j["failed"]), cell
+        # the cell adds the job's top-ups (each with its own counts in the report) to its run
+        tops = j["top_ups"]
+        benched = j["benched"] + sum(t["benched"] for t in tops)
+        seconds = j["elapsed_s"] + sum(t["seconds"] for t in tops) if j["benched"] else 0
+        assert (cell["benched"], cell["failed"]) == (benched, j["failed"] + sum(
+            t["failed"] for t in tops)), cell
         plain = j["state"] in ("done (pool exhausted)", "done (budget spent)")
         assert cell["state"] == ("done" if plain else j["state"]), cell
         if j["benched"]:
-            assert cell["cell"].startswith(f"{j['benched']} in {j['elapsed_s']:.1f}s"), cell
+            assert cell["cell"].startswith(f"{benched} in {seconds:.1f}s"), cell
+            assert ("topped up" in cell["cell"]) == bool(tops), cell
 
     # the same numbers as the JUnit properties of each test case
     for case in ET.parse(junit).getroot().iter("testcase"):
