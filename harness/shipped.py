@@ -10,6 +10,13 @@ For every golden shape of a GPU card the own slice measures, first:
   ``get_cuda_autotune_config``; attention: the first of the fused-attention tutorial's list.
 - ``autotune_list``: every configuration of those tutorial lists (what ``triton.autotune``
   would time, one measurement each); the kinds with no published list have none.
+- ``descriptor_list`` (cards of compute capability 9.0 and later): the lists the same tutorials
+  publish for their tensor-descriptor kernels, on this project's descriptor paths: the
+  persistent matmul tutorial's ``matmul_tma_persistent_get_configs`` (``TMA=1``,
+  ``PERSISTENT=1``, ``SUBTILE`` from its ``EPILOGUE_SUBTILE``; norm_linear's norm in a pass
+  of its own, ``PROLOGUE=2``, as a user would run it before that GEMM) for the GEMM kinds, the
+  fused-attention tutorial's ``configs_tma`` filtered by its ``keep_tma`` (``TMA=1``) for
+  attention.  They are measured early like the rest; no prior is built from them.
 - two baselines a user would run instead of a Triton kernel: ``baseline=torch`` (torch's own
   best op in the input dtype: ``F.rms_norm``, ``torch.softmax``, ``F.linear``,
   ``F.scaled_dot_product_attention``, compositions of them for the fused kinds) and
@@ -37,7 +44,7 @@ BASELINE_KNOB = "baseline"
 # torch.compile's baseline costs seconds a shape (Inductor's compile and autotuning), a
 # configuration tens of milliseconds: the planner counts these points apart
 COMPILE_SPEC = f"{BASELINE_KNOB}=compile"
-HEURISTIC, AUTOTUNE_LIST = "heuristic", "autotune_list"
+HEURISTIC, AUTOTUNE_LIST, DESCRIPTOR_LIST = "heuristic", "autotune_list", "descriptor_list"
 ROW_KINDS = ("rms_norm", "softmax", "reduce")
 GEMM_KINDS = ("matmul", "mlp_geglu", "norm_linear", "linear_norm")
 
@@ -55,6 +62,14 @@ SOURCES = {
         "repository": "github.com/triton-lang/triton",
         "path": "python/tutorials/06-fused-attention.py (configs, filtered by keep)",
         "commit": "dc6ee3ed2cf9b2b436544d6153351f9bc679cc61"},
+    "persistent_matmul_tutorial": {
+        "repository": "github.com/triton-lang/triton",
+        "path": "python/tutorials/09-persistent-matmul.py (matmul_tma_persistent_get_configs)",
+        "commit": "02936a198800b2c0180cf63f2a69e776bcca6d7d"},
+    "attention_tutorial_tma": {
+        "repository": "github.com/triton-lang/triton",
+        "path": "python/tutorials/06-fused-attention.py (configs_tma, filtered by keep_tma)",
+        "commit": "003da478d84f5bb0f51b3988cf0ea0bbe60282b7"},
 }
 
 # get_cuda_autotune_config: (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_stages,
@@ -77,6 +92,24 @@ def _attention_tutorial() -> tuple[tuple[int, int, int, int], ...]:
 
 
 ATTENTION_TUTORIAL = _attention_tutorial()
+
+# matmul_tma_persistent_get_configs: (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M,
+# num_stages, num_warps, EPILOGUE_SUBTILE), in the tutorial's order
+PERSISTENT_MATMUL_TUTORIAL = tuple((128, bn, bk, 8, s, w, sub) for bn in (128, 256)
+                                   for bk in (64, 128) for s in (2, 3, 4) for w in (4, 8)
+                                   for sub in (1, 0))
+
+
+def _attention_tutorial_tma() -> tuple[tuple[int, int, int, int], ...]:
+    """(BLOCK_M, BLOCK_N, num_stages, num_warps) of ``configs_tma``: BM in (64, 128), BN in
+    (32, 64, 128), stages in (2, 3, 4, 6), warps in (4, 8), without 8 warps where
+    BLOCK_M * BLOCK_N < 128 * 128 (``keep_tma`` on compute capability 9)."""
+    return tuple((bm, bn, s, w) for bm in (64, 128) for bn in (32, 64, 128)
+                 for s in (2, 3, 4, 6) for w in (4, 8)
+                 if not (bm * bn < 128 * 128 and w == 8))
+
+
+ATTENTION_TUTORIAL_TMA = _attention_tutorial_tma()
 
 
 def calculate_settings(n: int) -> tuple[int, int] | None:
@@ -148,6 +181,21 @@ def _attention_config(shape: Mapping[str, Any], cfg: tuple[int, ...]) -> dict[st
     return _clamp_tiles(knobs, shape, {"BLOCK_M": "seq", "BLOCK_N": "seq"})
 
 
+def _descriptor_listed(kind: str, shape: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if kind in GEMM_KINDS:
+        out = []
+        for bm, bn, bk, group, stages, warps, sub in PERSISTENT_MATMUL_TUTORIAL:
+            knobs = gemm_knobs(kind, shape, bm=bm, bn=bn, bk=bk, group=group, warps=warps,
+                               stages=stages)
+            if kind == "norm_linear":  # the norm as its own pass before the tutorial's GEMM
+                knobs["PROLOGUE"] = 2
+            out.append({**knobs, "TMA": 1, "PERSISTENT": 1, "SUBTILE": sub})
+        return out
+    if kind == "attention":
+        return [{**_attention_config(shape, c), "TMA": 1} for c in ATTENTION_TUTORIAL_TMA]
+    return []
+
+
 def _listed(kind: str, shape: Mapping[str, Any]) -> list[dict[str, Any]]:
     if kind in GEMM_KINDS:
         return [_gemm_config(kind, shape, c) for c in MATMUL_TUTORIAL]
@@ -183,6 +231,15 @@ def autotune_list(kind: str, shape: Mapping[str, Any], card: Card) -> list[dict[
                     if _runnable(kind, k, shape, card)])
 
 
+def descriptor_list(kind: str, shape: Mapping[str, Any], card: Card) -> list[dict[str, Any]]:
+    """The tutorials' tensor-descriptor lists as configurations this card can run, in the
+    lists' order; none on a card without the descriptor paths (compute capability < 9.0)."""
+    if card.cc < (9, 0):
+        return []
+    return _unique([_full(kind, k, shape, card) for k in _descriptor_listed(kind, shape)
+                    if _runnable(kind, k, shape, card)])
+
+
 def _full(kind_name: str, knobs: dict[str, Any], shape: Mapping[str, Any],
           card: Card) -> dict[str, Any]:
     """A published configuration in the kind's knobs on ``card``: the knobs it predates (the
@@ -208,10 +265,11 @@ def heuristic(kind: str, shape: Mapping[str, Any], card: Card) -> dict[str, Any]
 def configs(kind: str, shape: Mapping[str, Any], card: Card,
             baselines: tuple[str, ...] = BASELINES) -> dict[str, list[dict[str, Any]]]:
     """role → configurations of one shape on ``card``: ``heuristic`` (zero or one),
-    ``autotune_list`` and ``baseline`` (those in ``baselines``).  None on the interpreter (its
-    knob spaces are toys)."""
+    ``autotune_list``, ``descriptor_list`` and ``baseline`` (those in ``baselines``).  None on
+    the interpreter (its knob spaces are toys)."""
     if card.regime == INTERPRET:
         return {}
     h = heuristic(kind, shape, card)
     return {HEURISTIC: [h] if h else [], AUTOTUNE_LIST: autotune_list(kind, shape, card),
+            DESCRIPTOR_LIST: descriptor_list(kind, shape, card),
             "baseline": [{BASELINE_KNOB: b} for b in baselines]}

@@ -78,6 +78,36 @@ def test_a_shipped_gemm_config_on_a_hopper_card_is_the_pointer_path() -> None:
                                                               cards.by_alias("l40s")))
 
 
+def test_the_descriptor_lists_as_published_on_the_descriptor_paths_of_hopper_cards_only() -> None:
+    """The persistent matmul tutorial's list (48 configurations) and the fused-attention
+    tutorial's descriptor list (28 after keep_tma) run on the TMA paths; an L40S or A100 has
+    none of those paths and measures neither list."""
+    assert len(shipped.PERSISTENT_MATMUL_TUTORIAL) == 48
+    assert len(shipped.ATTENTION_TUTORIAL_TMA) == 28
+    big = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
+    listed = shipped.descriptor_list("matmul", big, H200)
+    assert all((k["TMA"], k["PERSISTENT"]) == (1, 1) for k in listed)
+    assert {k["SUBTILE"] for k in listed} == {0, 1}
+    # what the card cannot run is left out: 128x256x128 tiles need 4 stages of 96 KiB
+    assert not any((k["BLOCK_N"], k["BLOCK_K"], k["num_stages"]) == (256, 128, 4)
+                   for k in listed)
+    assert {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+            "num_stages": 3, "TMA": 1, "PERSISTENT": 1, "SUBTILE": 1} in listed
+    assert {k["PROLOGUE"] for k in shipped.descriptor_list("norm_linear", big, H200)} == {2}
+    attn = {"batch": 1, "heads": 32, "seq": 4096, "head_dim": 128, "causal": 1,
+            "dtype": "bf16"}
+    on_h200 = shipped.descriptor_list("attention", attn, H200)
+    assert on_h200 and all(k["TMA"] == 1 for k in on_h200)
+    assert shipped.descriptor_list("softmax", {"M": 4096, "N": 32000, "dtype": "bf16"},
+                                   H200) == []
+    for older in ("l40s", "a100-80"):
+        card = cards.by_alias(older)
+        assert shipped.descriptor_list("matmul", big, card) == []
+        assert shipped.descriptor_list("attention", attn, card) == []
+    # the autotune_list prior is the pointer-path list alone, as before
+    assert all(k["TMA"] == 0 for k in shipped.autotune_list("matmul", big, H200))
+
+
 def test_the_pools_measure_shipped_configs_first_in_the_own_slice_only() -> None:
     pool = pools.build(H200, kinds=["matmul", "softmax"])
     for sp in pool.shapes:
