@@ -276,6 +276,12 @@ cd {q(self.path('repo'))} || exit 2
         if self.job_id is None:
             return None
         info = self.slurm.info(self.job_id) or self.job
+        # a job whose processes are still being ended (COMPLETING) has not yet the state it
+        # ends in (CANCELLED, TIMEOUT, …): wait for that, as long as a cancel may take
+        deadline = self.clock() + CANCEL_WAIT_S
+        while info is not None and info.state == "COMPLETING" and self.clock() < deadline:
+            self.sleep(0.5)
+            info = self.slurm.info(self.job_id) or info
         said = [ln[ln.index("***"):].strip() for ln in
                 self.tail(self.path(f"slurm-{self.job_id}.out"), 20).splitlines() if "***" in ln]
         what = info.describe() if info else "is no longer known to Slurm"

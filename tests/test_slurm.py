@@ -71,6 +71,36 @@ def test_slurm_job_states_read_as_words() -> None:
     assert JobInfo("7", "COMPLETING").alive and not JobInfo("7", "COMPLETED").alive
 
 
+def test_slurm_a_job_still_completing_is_described_by_the_state_it_ends_in(
+        tmp_path: Path) -> None:
+    """Just after a scancel the job is COMPLETING (its processes being ended): why it is gone
+    is the state it then ends in, with the line Slurm wrote into its output file."""
+    from harness.remote.tmux import Tmux
+    from harness.remote.transport import LocalTransport
+    from harness.slurmbox import SlurmDriver
+
+    answers = iter([JobInfo("8", "COMPLETING"), JobInfo("8", "COMPLETING"),
+                    JobInfo("8", "CANCELLED")])
+    asked: list[str] = []
+
+    class Answers:  # our seam: what squeue says, one answer a call
+        def info(self, job_id: str) -> JobInfo:
+            asked.append(job_id)
+            return next(answers)
+
+    now = [0.0]
+    t = LocalTransport()
+    d = SlurmDriver(transport=t, tmux=Tmux(t, socket="unused"), base=str(tmp_path),
+                    sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+    d.slurm = Answers()  # type: ignore[assignment]
+    d.job_id = "8"
+    (tmp_path / "slurm-8.out").write_text(
+        "[sweep] …\nslurmstepd: error: *** JOB 8 ON vm CANCELLED AT 2026-12-06T03:45:31 ***\n")
+    assert d.gone_reason() == ("Slurm job 8 was cancelled (scancel, by you or an administrator)"
+                               ": *** JOB 8 ON vm CANCELLED AT 2026-12-06T03:45:31 ***")
+    assert asked == ["8", "8", "8"]
+
+
 def test_slurm_options_need_the_slurm_provider(pytester: pytest.Pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
     r = pytester.runpytest("--slurm-partition=gpu")
