@@ -1,13 +1,18 @@
 """Re-time measured rows with ``triton.testing.do_bench`` and print both side by side.
 
     python bench/compare_do_bench.py ROWS.jsonl [ROWS.jsonl ...] [--n 12] [--best]
-        [--where TMA=1] [--kind attention]
+        [--where TMA=1] [--kind attention] [--again]
 
 Takes up to ``--n`` ok rows (spread over kinds and shapes), re-times each kernel on the same
 inputs with ``do_bench`` (which flushes L2 between calls too) and prints the harness's
 median, do_bench's median and their ratio.  ``--best`` takes each shape's fastest
 configuration (the row a cost model and a user would pick); ``--where KNOB=VALUE`` (repeated)
-keeps rows whose knobs have those values.  Baseline rows (torch's op, torch.compile) are not
+keeps rows whose knobs have those values.  ``--again`` also times each row anew with the
+harness's own method (``Bencher.measure``: A/B against the reference, L2 flushed and guarded,
+the sweep's default calls), just before ``do_bench``: ``now/do_bench`` is the two methods on
+the same card at the same moment; ``then/now`` is what changed since the sweep (the card's
+clocks, and for ``--best`` the pick itself: the fastest of many near-equal rows is the one
+whose timing came out low, so its re-timing is expected to be slower).  Baseline rows (torch's op, torch.compile) are not
 Triton configurations and are never taken.  Needs the GPU the rows were measured on.
 """
 
@@ -30,6 +35,8 @@ def main() -> int:
     ap.add_argument("--best", action="store_true", help="each shape's fastest row")
     ap.add_argument("--where", action="append", default=[], metavar="KNOB=VALUE")
     ap.add_argument("--kind", action="append", default=[])
+    ap.add_argument("--again", action="store_true",
+                    help="also re-time each row with the harness's method, beside do_bench")
     args = ap.parse_args()
     where = {}
     for w in args.where:
@@ -59,10 +66,25 @@ def main() -> int:
         for sid in sorted(by_shape):
             if by_shape[sid] and len(picked) < args.n:
                 picked.append(by_shape[sid].pop(0))
-    print(f"{'kind':8} {'shape':38} {'harness_us':>11} {'do_bench_us':>12} {'ratio':>6}  spec")
-    ratios = []
+    bencher = None
+    if args.again:
+        from harness.box.bench import Bencher
+        from harness.contract import ToolsSpec
+
+        o = ToolsSpec()  # the sweep's defaults
+        bencher = Bencher("cuda", o.warmup, o.iters, max_cv=o.max_cv, remeasure=o.remeasure)
+        bencher.start()
+    now_col = f" {'now_us':>9} {'now/do_bench':>12} {'then/now':>8}" if bencher else ""
+    print(f"{'kind':8} {'shape':38} {'harness_us':>11} {'do_bench_us':>12} {'ratio':>6}"
+          f"{now_col}  spec")
+    ratios, now_ratios, drift = [], [], []
     for r in picked:
         kind = registry.get(r["kind"])
+        now = ""
+        if bencher is not None:
+            got = bencher.measure({"kind": r["kind"], "shape": r["shape"], "knobs": r["knobs"]})
+            if got["status"] == "ok":
+                now = got["value_us"]
         inputs = kind.make_inputs(r["shape"], "cuda", 0)
         launch = kind.prepare(r["knobs"], r["shape"], inputs)
         launch.run()
@@ -71,11 +93,22 @@ def main() -> int:
         us = ms * 1e3
         ratio = r["value_us"] / us
         ratios.append(ratio)
-        print(f"{r['kind']:8} {r['shape_id'][:38]:38} {r['value_us']:11.2f} {us:12.2f} {ratio:6.3f}  {r['spec']}")
+        cols = ""
+        if bencher is not None:
+            if now:
+                now_ratios.append(now / us)
+                drift.append(r["value_us"] / now)
+                cols = f" {now:9.2f} {now / us:12.3f} {r['value_us'] / now:8.3f}"
+            else:
+                cols = f" {'failed':>9} {'-':>12} {'-':>8}"
+        print(f"{r['kind']:8} {r['shape_id'][:38]:38} {r['value_us']:11.2f} {us:12.2f} "
+              f"{ratio:6.3f}{cols}  {r['spec']}")
         del inputs
-    if ratios:
-        print(f"median ratio harness/do_bench over {len(ratios)} points: {statistics.median(ratios):.3f} "
-              f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+    for what, xs in (("harness/do_bench", ratios), ("harness now/do_bench", now_ratios),
+                     ("harness then/now", drift)):
+        if xs:
+            print(f"median ratio {what} over {len(xs)} points: {statistics.median(xs):.3f} "
+                  f"(min {min(xs):.3f}, max {max(xs):.3f})")
     return 0
 
 
