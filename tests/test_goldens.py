@@ -16,6 +16,10 @@ from harness.store import NodeStore
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def ANY(kind: str, shape_id: str, spec: str) -> bool:  # noqa: N802 - every spec in the pool
+    return True
+
+
 def _row(spec: str, value: float, *, gpu: str = "NVIDIA H200 141GB", regime: str = "deployable",
          status: str = "ok", variance: float = 0.1, shape_id: str = "matmul_M16_N16_K16_bf16",
          t: str = "2026-12-01T00:00:00.000000Z") -> dict:
@@ -36,39 +40,67 @@ def test_best_anchor_is_fastest_ok_deployable_with_variance_tiebreak() -> None:
     assert a.spec == "A=3" and a.value_us == 4.0
 
 
+SOFTMAX = "softmax_M512_N32000_bf16"
+
+
+def _softmax_row(spec: str, value: float) -> dict:
+    return {**_row(spec, value, shape_id=SOFTMAX), "kind": "softmax",
+            "shape": {"M": 512, "N": 32000, "dtype": "bf16"}}
+
+
 def test_record_cli_writes_anchor_file_from_db(tmp_path: Path) -> None:
     db = tmp_path / "n.db"
     with NodeStore(db) as s:
-        s.merge([_row("A=1", 5.0), _row("A=2", 3.0), _row("A=9", 0.1, regime="interpret")])
+        s.merge([_softmax_row("BLOCK_N=4096,ONE_PASS=0,ROWS=1,num_stages=2,num_warps=8", 5.0),
+                 _softmax_row("BLOCK_N=32768,ONE_PASS=1,ROWS=1,num_stages=1,num_warps=16", 3.0),
+                 {**_softmax_row("BLOCK_N=32768,ONE_PASS=1,ROWS=1,num_stages=1,num_warps=8",
+                                 0.1), "regime": "interpret"}])
     out = tmp_path / "h200.json"
     r = subprocess.run([sys.executable, "-m", "harness", "goldens", "record", "--db", str(db),
                         "--gpu", "h200", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "1 shapes" in r.stdout
     (a,) = goldens.load_anchor_file(out)
-    assert (a.gpu, a.spec) == ("NVIDIA H200 141GB", "A=2")
+    assert (a.gpu, a.spec) == ("NVIDIA H200 141GB",
+                               "BLOCK_N=32768,ONE_PASS=1,ROWS=1,num_stages=1,num_warps=16")
+
+
+def test_record_takes_the_fastest_configuration_of_the_cards_pool(tmp_path: Path) -> None:
+    """The shipped rule's 32 warps lie beyond softmax's knob space (up to 16): measured early
+    in every sweep, but no anchor, since a slice is drawn around an anchor in the pool."""
+    shipped_rule = _softmax_row("BLOCK_N=32768,ONE_PASS=1,ROWS=1,num_stages=1,num_warps=32", 2.0)
+    in_space = _softmax_row("BLOCK_N=32768,ONE_PASS=1,ROWS=1,num_stages=1,num_warps=16", 3.0)
+    out = tmp_path / "a.json"
+    path, n, _ = record([shipped_rule, in_space], by_alias("h200"), out)
+    assert n == 1 and goldens.load_anchor_file(path)[0].spec == in_space["spec"]
+    path, n, _ = record([shipped_rule], by_alias("h200"), tmp_path / "b.json")
+    assert n == 0
+    assert pools.build(by_alias("h200"), kinds=["softmax"],
+                       anchors=goldens.load_anchor_file(out)).skipped_anchors == []
 
 
 def test_record_keeps_anchors_of_shapes_not_measured(tmp_path: Path) -> None:
     out = tmp_path / "a.json"
-    record([_row("A=1", 1.0, shape_id="s1")], by_alias("h200"), out)
-    path, n, changed = record([_row("A=2", 1.0, shape_id="s2")], by_alias("h200"), out)
+    record([_row("A=1", 1.0, shape_id="s1")], by_alias("h200"), out, in_pool=ANY)
+    path, n, changed = record([_row("A=2", 1.0, shape_id="s2")], by_alias("h200"), out,
+                              in_pool=ANY)
     assert (n, changed) == (2, 1)
     assert {a.shape_id for a in goldens.load_anchor_file(path)} == {"s1", "s2"}
 
 
 def test_record_keep_faster_keeps_the_faster_anchor_of_a_longer_sweep(tmp_path: Path) -> None:
     out = tmp_path / "a.json"
-    record([_row("A=1", 1.0, shape_id="s1"), _row("A=1", 2.0, shape_id="s2")], by_alias("h200"), out)
+    record([_row("A=1", 1.0, shape_id="s1"), _row("A=1", 2.0, shape_id="s2")], by_alias("h200"),
+           out, in_pool=ANY)
     # a short sweep: slower on s1 (keeps A=1), faster on s2 (takes A=3), new on s3
     rows = [_row("A=2", 1.5, shape_id="s1"), _row("A=3", 1.9, shape_id="s2"),
             _row("A=4", 3.0, shape_id="s3")]
-    path, n, changed = record(rows, by_alias("h200"), out, keep_faster=True)
+    path, n, changed = record(rows, by_alias("h200"), out, keep_faster=True, in_pool=ANY)
     assert (n, changed) == (3, 2)
     got = {a.shape_id: (a.spec, a.value_us) for a in goldens.load_anchor_file(path)}
     assert got == {"s1": ("A=1", 1.0), "s2": ("A=3", 1.9), "s3": ("A=4", 3.0)}
     # without it the table's best replaces every measured shape
-    record(rows, by_alias("h200"), out)
+    record(rows, by_alias("h200"), out, in_pool=ANY)
     assert {a.shape_id: a.spec for a in goldens.load_anchor_file(out)}["s1"] == "A=2"
 
 

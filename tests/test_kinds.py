@@ -242,6 +242,22 @@ def test_row_kinds_realize_alike_on_h100_and_l40s(kind_name: str) -> None:
                                                                          g.shape_id)
 
 
+def test_a_subtiled_store_split_across_warps_counts_its_layout_conversion() -> None:
+    """On an H100 this configuration failed to compile asking for 253,992 B of shared memory
+    (5 stages of 40 KiB, the half-tile staging buffer, and a whole tile converting the
+    accumulator's layout, which 8 warps split along N when BLOCK_M is 64); with 4 warps, or
+    BLOCK_M 128, no such conversion (its compiles stayed within 0.13 tiles of the rest)."""
+    h100 = by_alias("h100")
+    mm = registry.get("matmul")
+    shape = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
+    knobs = {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 1,
+             "PERSISTENT": 1, "SUBTILE": 1, "num_warps": 8, "num_stages": 5}
+    assert "shared memory 253952 B" in mm.unrealizable(knobs, shape, h100)
+    assert mm.unrealizable(dict(knobs, num_stages=4), shape, h100) is None  # 212,992 B
+    assert mm.unrealizable(dict(knobs, num_warps=4), shape, h100) is None
+    assert mm.unrealizable(dict(knobs, SUBTILE=0, num_stages=4), shape, h100) is None
+
+
 def test_realizability_rules() -> None:
     h100, l40s = by_alias("h100"), by_alias("l40s")
     attn = registry.get("attention")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +10,13 @@ from harness.cards import DEPLOYABLE, Card
 from harness.goldens import ANCHOR_DIR, Anchor, load_anchor_file, write_anchor_file
 
 
-def best_anchors(rows: Iterable[Mapping[str, Any]], gpu: str) -> list[Anchor]:
+def best_anchors(rows: Iterable[Mapping[str, Any]], gpu: str,
+                 in_pool: Callable[[str, str, str], bool] | None = None) -> list[Anchor]:
     """Per (kind, shape): the fastest ok row of ``gpu`` in the deployable regime; ties go to
     the lower variance.  Interpret rows, failures and baselines (``baseline=torch``: no
-    configuration) are never anchors."""
+    configuration) are never anchors; with ``in_pool(kind, shape_id, spec)``, neither is a
+    configuration outside the card's pool (a shipped one beyond its knob space: it is
+    measured early every sweep anyway, and an anchor is where a slice is drawn around)."""
     from harness.shipped import is_baseline
 
     best: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -23,6 +26,8 @@ def best_anchors(rows: Iterable[Mapping[str, Any]], gpu: str) -> list[Anchor]:
         if is_baseline(str(r.get("spec") or "")):
             continue
         if r.get("value_us") is None:
+            continue
+        if in_pool is not None and not in_pool(r["kind"], r["shape_id"], str(r["spec"])):
             continue
         key = (r["kind"], r["shape_id"])
         cur = best.get(key)
@@ -35,14 +40,40 @@ def best_anchors(rows: Iterable[Mapping[str, Any]], gpu: str) -> list[Anchor]:
             for (k, s), r in sorted(best.items())]
 
 
+def pool_of(card: Card) -> Callable[[str, str, str], bool]:
+    """``in_pool`` of :func:`best_anchors` for ``card``: whether a spec is among the
+    configurations its pool enumerates for that golden shape (each shape enumerated once)."""
+    from harness import goldens
+    from harness import kinds as registry
+    from harness.kinds.base import completed
+    from harness.points import make_spec, parse_spec
+
+    shapes = {(g.kind, g.shape_id): g for g in goldens.shapes(card.regime)}
+    specs: dict[tuple[str, str], set[str]] = {}
+
+    def in_pool(kind: str, shape_id: str, spec: str) -> bool:
+        g = shapes.get((kind, shape_id))
+        if g is None:
+            return False
+        k = registry.get(kind)
+        if (kind, shape_id) not in specs:
+            specs[(kind, shape_id)] = {make_spec(x) for x in k.enumerate(g.shape, card)}
+        full = make_spec(completed(dict(parse_spec(spec)), k.knob_space(g.shape, card)))
+        return full in specs[(kind, shape_id)]
+
+    return in_pool
+
+
 def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = None,
-           keep_faster: bool = False) -> tuple[Path, int, int]:
+           keep_faster: bool = False,
+           in_pool: Callable[[str, str, str], bool] | None = None) -> tuple[Path, int, int]:
     """Write ``card``'s anchors file: measured shapes take their best spec, shapes not in
     ``rows`` keep the anchor they had; with ``keep_faster``, so does a shape whose anchor was
     measured faster than anything in ``rows`` (a short sweep that did not reach it leaves the
-    longer sweep's anchor).  Returns (path, anchors written, of which new/changed)."""
+    longer sweep's anchor).  Only configurations of the card's pool are anchors (``in_pool``,
+    by default :func:`pool_of`).  Returns (path, anchors written, of which new/changed)."""
     path = path or ANCHOR_DIR / f"{card.alias}.json"
-    found = best_anchors(rows, card.name)
+    found = best_anchors(rows, card.name, in_pool or pool_of(card))
     kept: dict[tuple[str, str], Anchor] = {}
     if path.is_file():
         kept = {(a.kind, a.shape_id): a for a in load_anchor_file(path)}
