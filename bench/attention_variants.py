@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from harness.kinds._attention_triton import _attend  # noqa: E402
+from harness.kinds._attention_triton import _attend, block_bounds  # noqa: E402
 
 VARIANTS = ("kernel", "ahead", "halves")
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
@@ -72,18 +72,6 @@ def _value_block(v_src, off_hz, start_n, BLOCK_N: tl.constexpr, HEAD_DIM: tl.con
 
 
 @triton.jit
-def _bounds(start_m, SEQ, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """[0, full_hi): blocks without masks; [full_hi, end): the masked band and ragged end."""
-    if CAUSAL:
-        full_hi = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N
-        end = tl.minimum((start_m + 1) * BLOCK_M, SEQ)
-    else:
-        full_hi = SEQ // BLOCK_N * BLOCK_N
-        end = SEQ
-    return full_hi, end
-
-
-@triton.jit
 def ahead_kernel(q_src, k_src, v_src, o_src, sm_scale, SEQ, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     start_m = tl.program_id(0)
@@ -98,7 +86,7 @@ def ahead_kernel(q_src, k_src, v_src, o_src, sm_scale, SEQ, HEAD_DIM: tl.constex
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
-    full_hi, end = _bounds(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
+    full_hi, end = block_bounds(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
     if full_hi > 0:
         qk = tl.dot(q, _key_block(k_src, off_hz, 0, BLOCK_N, HEAD_DIM))
         for start_n in range(0, full_hi, BLOCK_N):
@@ -138,7 +126,7 @@ def halves_kernel(q_src, k_src, v_src, o_src, sm_scale, SEQ, HEAD_DIM: tl.conste
     acc0 = tl.zeros((HALF, HEAD_DIM), tl.float32)
     acc1 = tl.zeros((HALF, HEAD_DIM), tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
-    full_hi, end = _bounds(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
+    full_hi, end = block_bounds(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full_hi, BLOCK_N):
         k = _key_block(k_src, off_hz, start_n, BLOCK_N, HEAD_DIM)
         v = _value_block(v_src, off_hz, start_n, BLOCK_N, HEAD_DIM)

@@ -53,6 +53,21 @@ def _attend(acc, l_i, m_i, q, k_src, v_src, off_hz, offs_m, offs_n0, offs_d, lo,
 
 
 @triton.jit
+def block_bounds(start_m, SEQ, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr):
+    """(full_hi, end) of query block ``start_m``: key blocks ``[0, full_hi)`` lie wholly inside
+    the sequence (and, if causal, wholly below the diagonal) and run without masks; the rest,
+    ``[full_hi, end)`` (the diagonal band, the ragged end), are masked."""
+    if CAUSAL:
+        full_hi = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N
+        end = tl.minimum((start_m + 1) * BLOCK_M, SEQ)
+    else:
+        full_hi = SEQ // BLOCK_N * BLOCK_N
+        end = SEQ
+    return full_hi, end
+
+
+@triton.jit
 def attention_kernel(q_src, k_src, v_src, o_src, sm_scale, H, SEQ,
                      stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                      stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
@@ -84,14 +99,7 @@ def attention_kernel(q_src, k_src, v_src, o_src, sm_scale, H, SEQ,
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
-    # Blocks wholly inside the sequence (and, if causal, wholly below the diagonal) run
-    # without masks; the rest (the diagonal band, the ragged end) are masked.
-    if CAUSAL:
-        full_hi = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N
-        end = tl.minimum((start_m + 1) * BLOCK_M, SEQ)
-    else:
-        full_hi = SEQ // BLOCK_N * BLOCK_N
-        end = SEQ
+    full_hi, end = block_bounds(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, off_hz, offs_m, offs_n0, offs_d,
                             0, full_hi, SEQ, qk_scale, stride_kn, stride_vn,
                             HEAD_DIM, BLOCK_N, False, CAUSAL, TMA)
