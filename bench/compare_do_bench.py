@@ -12,8 +12,9 @@ harness's own method (``Bencher.measure``: A/B against the reference, L2 flushed
 the sweep's default calls), just before ``do_bench``: ``now/do_bench`` is the two methods on
 the same card at the same moment; ``then/now`` is what changed since the sweep (the card's
 clocks, and for ``--best`` the pick itself: the fastest of many near-equal rows is the one
-whose timing came out low, so its re-timing is expected to be slower).  Baseline rows (torch's op, torch.compile) are not
-Triton configurations and are never taken.  Needs the GPU the rows were measured on.
+whose timing came out low, so its re-timing is expected to be slower).  Baseline rows
+(torch's op, torch.compile) are not Triton configurations and are never taken.  Needs the
+GPU the rows were measured on.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def main() -> int:
     ratios, now_ratios, drift = [], [], []
     for r in picked:
         kind = registry.get(r["kind"])
-        now = ""
+        now: float | None = None
         if bencher is not None:
             got = bencher.measure({"kind": r["kind"], "shape": r["shape"], "knobs": r["knobs"]})
             if got["status"] == "ok":
@@ -95,7 +96,7 @@ def main() -> int:
         ratios.append(ratio)
         cols = ""
         if bencher is not None:
-            if now:
+            if now is not None:
                 now_ratios.append(now / us)
                 drift.append(r["value_us"] / now)
                 cols = f" {now:9.2f} {now / us:12.3f} {r['value_us'] / now:8.3f}"

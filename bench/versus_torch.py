@@ -50,6 +50,8 @@ def phase_of(shape: Mapping[str, Any]) -> str:
 def shape_lines(rows: Iterable[Mapping[str, Any]]) -> list[ShapeLine]:
     """One line per shape that has an ok configuration (rows as ``NodeStore.rows`` gives them,
     the shape under ``shape_spec``, or as the box writes them, under ``shape``)."""
+    from harness.shipped import BASELINE_KNOB, is_baseline
+
     best: dict[str, Mapping[str, Any]] = {}
     base: dict[tuple[str, str], float] = {}
     failed: dict[str, int] = defaultdict(int)
@@ -57,8 +59,8 @@ def shape_lines(rows: Iterable[Mapping[str, Any]]) -> list[ShapeLine]:
         sid, spec = r["shape_id"], str(r["spec"])
         if r["status"] != "ok":
             failed[sid] += 1
-        elif spec.startswith("baseline="):
-            base[(sid, spec.partition("=")[2])] = r["value_us"]
+        elif is_baseline(spec):
+            base[(sid, spec.removeprefix(f"{BASELINE_KNOB}="))] = r["value_us"]
         elif sid not in best or r["value_us"] < best[sid]["value_us"]:
             best[sid] = r
     out = []

@@ -154,8 +154,10 @@ def gemm_knobs(kind: str, shape: Mapping[str, Any], *, bm: int, bn: int, bk: int
     """A published GEMM configuration as ``kind``'s knobs for ``shape``, in the one spelling
     the knob spaces hold: a tile larger than the problem is clamped to it, and a ``GROUP_M`` at
     least twice the M tiles becomes the smallest power of two that holds them all (one group
-    either way: the same launch order).  The fused kinds take their plain variant (the norm
-    as its own pass, a GEMM program per tile)."""
+    either way: the same launch order).  The fused kinds take their knobs' first values:
+    norm_linear ``PROLOGUE=0`` (the norm folded into the main loop), linear_norm
+    ``ROW_PROGRAM=0`` (a GEMM program per tile); the descriptor lists set norm_linear's norm
+    as a pass of its own (``PROLOGUE=2``) themselves."""
     knobs: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
                              "num_warps": warps, "num_stages": stages}
     if kind == "norm_linear":
