@@ -22,6 +22,9 @@ and in the paths the card can run, chosen by knobs:
   instead of one program a tile.
 - ``SUBTILE``: the epilogue stores the tile as two halves of BLOCK_N / 2 columns, which
   halves the staging buffer of a TMA store.
+- ``WS``: the compiler's automatic warp specialization (``tl.range(warp_specialize=True)``):
+  a producer warp group issues the copy engine's loads while the others run the dots; on the
+  persistent path it specializes the tile loop (not flattened then), else the K loop.
 """
 
 from __future__ import annotations
@@ -84,8 +87,10 @@ def gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
               stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               GROUP_M: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
-              TMA: tl.constexpr, SUBTILE: tl.constexpr, EVEN_K: tl.constexpr):
-    """One BLOCK_M × BLOCK_N output tile: prologue, the K loop, epilogue, store."""
+              TMA: tl.constexpr, SUBTILE: tl.constexpr, EVEN_K: tl.constexpr,
+              K_WS: tl.constexpr):
+    """One BLOCK_M × BLOCK_N output tile: prologue, the K loop (warp-specialized when
+    ``K_WS``), epilogue, store."""
     pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
     row0 = pid_m * BLOCK_M
     col0 = pid_n * BLOCK_N
@@ -104,7 +109,7 @@ def gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if EPILOGUE == 1:
         acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for ki in range(0, k_tiles):
+    for ki in tl.range(0, k_tiles, warp_specialize=K_WS):
         k0 = ki * BLOCK_K
         x = load_k_tile(a, row0, k0, M, K, stride_am, BLOCK_M, BLOCK_K, TMA, EVEN_K)
         if PROLOGUE != 0:
@@ -150,19 +155,28 @@ def gemm_kernel(a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
                 TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr,
-                EVEN_K: tl.constexpr):
+                EVEN_K: tl.constexpr, WS: tl.constexpr = 0):
     """``a``, ``b``, ``b2`` and ``c`` are tensor descriptors when TMA, else pointers;
     ``x_ptr`` is A's pointer on every path."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    if PERSISTENT:
+    if PERSISTENT and WS:
+        # Hopper's warp specialization takes the tile loop as it is, not flattened
+        for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
+                                warp_specialize=True):
+            gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
+                      stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
+                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE,
+                      EVEN_K, False)
+    elif PERSISTENT:
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
                                 flatten=True):
             gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                       stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE,
-                      EVEN_K)
+                      EVEN_K, False)
     else:
         gemm_tile(tl.program_id(0), a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                   stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
-                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE, EVEN_K)
+                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE, EVEN_K,
+                  WS)
