@@ -18,13 +18,14 @@ and in the paths the card can run, chosen by knobs:
   zero and are never written, so no tile needs a mask.  Without it, pointers: rows past M or
   N wrap around (their results are never stored) and K is masked only where K is not a
   multiple of BLOCK_K (``EVEN_K``).
-- ``PERSISTENT``: ``num_progs`` programs (one per SM) walk the tiles in a flattened loop
-  instead of one program a tile.
+- ``PERSISTENT``: ``num_progs`` programs (one per SM) walk the tiles instead of one program
+  a tile: 1 in a loop the compiler flattens with the K loop, 2 in the two loops as written.
 - ``SUBTILE``: the epilogue stores the tile as two halves of BLOCK_N / 2 columns, which
   halves the staging buffer of a TMA store.
 - ``WS``: the compiler's automatic warp specialization (``tl.range(warp_specialize=True)``):
   a producer warp group issues the copy engine's loads while the others run the dots; on the
-  persistent path it specializes the tile loop (not flattened then), else the K loop.
+  persistent path it specializes the tile loop (nested then, as ``PERSISTENT=2``), else the
+  K loop.
 """
 
 from __future__ import annotations
@@ -160,17 +161,18 @@ def gemm_kernel(a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
     ``x_ptr`` is A's pointer on every path."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    if PERSISTENT and WS:
-        # Hopper's warp specialization takes the tile loop as it is, not flattened
+    if PERSISTENT == 1 and not WS:
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
-                                warp_specialize=True):
+                                flatten=True):
             gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                       stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE,
                       EVEN_K, False)
     elif PERSISTENT:
+        # nested: the tile loop around the K loop as written (Hopper's warp specialization
+        # takes it so, not flattened)
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
-                                flatten=True):
+                                warp_specialize=WS):
             gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                       stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE,

@@ -1,17 +1,21 @@
-"""The compiler's warp specialization (``WS=1``) beside the same configurations without it.
+"""Two ways of writing the kernels' loops, beside the same configurations as they run now.
 
-    python bench/warp_specialize.py [--kind matmul] [--shapes TEXT] [--card h200]
+    python bench/loop_variants.py [--kind matmul] [--shapes TEXT] [--card h200]
 
-On a Hopper card Triton 3.6 can split a loop marked ``tl.range(..., warp_specialize=True)``
-into a producer warp group that issues the copy engine's loads and consumer groups that run
-the dots. The GEMM template and the attention kernel take it as the ``WS`` knob (TMA path
-only). For every golden shape of the kinds asked for (prefill shapes by default: those with
-at least 1024 rows, where torch.compile led), this script runs a fixed set of TMA
-configurations, plus the card's anchor of the shape where it is a TMA one, with ``WS=0`` and
-``WS=1``; each is checked against the fp32 reference before it is timed with
-``triton.testing.do_bench`` (median, L2 flushed between calls). It prints each pair's ratio
-(WS=1 over WS=0, below 1: specialization is faster), each shape's best of either side
-beside torch's op, and the medians.
+- ``nested`` (GEMM kinds, persistent configurations): ``PERSISTENT=2``, the tile loop
+  around the K loop as written, where ``PERSISTENT=1`` has the compiler flatten the two
+  (Inductor's persistent TMA template does not flatten);
+- ``ws``: ``WS=1``, the compiler's automatic warp specialization (``tl.range(...,
+  warp_specialize=True)``; Triton 3.6 has a Hopper pass for it): a producer warp group
+  issues the copy engine's loads while the others run the dots.
+
+For every golden shape of the kinds asked for (prefill shapes by default: those with at
+least 1024 rows, where torch.compile led), a fixed set of TMA configurations, plus the card's
+anchor of the shape where it is a TMA one, run as they are and as each variant; each run is
+checked against the fp32 reference before it is timed with ``triton.testing.do_bench``
+(median, L2 flushed between calls). It prints each variant's time over the configuration's
+own (below 1: the variant is faster), each shape's best per variant over torch's op, and
+per kind the medians.
 """
 
 from __future__ import annotations
@@ -79,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     if anchor_file.exists():
         for a in goldens.load_anchor_file(anchor_file):
             anchors[a.shape_id] = {k: int(v) for k, v in parse_spec(a.spec).items()}
-    print(f"{'shape':50} {'ws0_us':>9} {'ws1_us':>9} {'ws1/ws0':>7}  config")
-    pair_ratios: dict[str, list[float]] = {}
-    best_ratios: dict[str, list[float]] = {}
+    print(f"{'shape':50} {'variant':7} {'base_us':>9} {'var_us':>9} {'ratio':>6}  config")
+    ratios: dict[tuple[str, str], list[float]] = {}
+    best_ratios: dict[tuple[str, str], list[float]] = {}
     wrong = checked = 0
     for g in goldens.shapes(DEPLOYABLE, kinds=kinds):
         if args.shapes not in g.shape_id:
@@ -93,48 +97,60 @@ def main(argv: list[str] | None = None) -> int:
         ref = kind.reference(g.shape, inputs)
         atol, rtol = kind.tolerance(g.shape["dtype"])
         torch_op = getattr(kind, "torch_op", kind.reference)
-        torch_us = 1e3 * do_bench(functools.partial(torch_op, g.shape, inputs), return_mode="median")
-        best = {0: float("inf"), 1: float("inf")}
+        torch_us = 1e3 * do_bench(functools.partial(torch_op, g.shape, inputs),
+                                  return_mode="median")
+        best: dict[str, float] = {}
         for knobs in configs(g.kind, g.shape, anchors.get(g.shape_id)):
             if kind.unrealizable(knobs, g.shape, card):
                 continue
-            us = {}
-            for ws in (0, 1):
-                launch = kind.prepare({**knobs, "WS": ws}, g.shape, inputs)
+            cfg = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+            us: dict[str, float] = {}
+            for variant, extra in variants(g.kind, knobs):
+                launch = kind.prepare({**knobs, **extra}, g.shape, inputs)
                 launch.out.fill_(float("nan"))
                 try:
                     launch.run()
                     torch.cuda.synchronize()
                 except Exception as exc:  # noqa: BLE001 - a configuration that fails is said
-                    print(f"{g.shape_id[:50]:50} WS={ws} failed: {type(exc).__name__} "
-                          f"{str(exc).splitlines()[0][:100] if str(exc) else ''}")
+                    first = str(exc).strip().splitlines()[0][:100] if str(exc).strip() else ""
+                    print(f"{g.shape_id[:50]:50} {variant:7} failed: {type(exc).__name__} "
+                          f"{first}  {cfg}")
                     continue
                 checked += 1
                 if why := _mismatch(launch.out, ref, atol, rtol):
                     wrong += 1
-                    print(f"{g.shape_id[:50]:50} WS={ws} {why}")
+                    print(f"{g.shape_id[:50]:50} {variant:7} {why}  {cfg}")
                     continue
-                us[ws] = 1e3 * do_bench(launch.run, return_mode="median")
-                best[ws] = min(best[ws], us[ws])
-            cfg = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
-            if len(us) == 2:
-                pair_ratios.setdefault(g.kind, []).append(us[1] / us[0])
-                print(f"{g.shape_id[:50]:50} {us[0]:9.1f} {us[1]:9.1f} {us[1] / us[0]:7.3f}  {cfg}")
-        if best[0] < float("inf") and best[1] < float("inf"):
-            best_ratios.setdefault(g.kind, []).append(min(best.values()) / best[0])
-            print(f"{g.shape_id[:50]:50} best ws0 {best[0]:.1f} ws1 {best[1]:.1f} "
-                  f"torch {torch_us:.1f}: best over torch {min(best.values()) / torch_us:.3f} "
-                  f"(ws0 alone {best[0] / torch_us:.3f})")
+                us[variant] = 1e3 * do_bench(launch.run, return_mode="median")
+                best[variant] = min(best.get(variant, float("inf")), us[variant])
+                if variant != "base" and "base" in us:
+                    ratios.setdefault((g.kind, variant), []).append(us[variant] / us["base"])
+                    print(f"{g.shape_id[:50]:50} {variant:7} {us['base']:9.1f} "
+                          f"{us[variant]:9.1f} {us[variant] / us['base']:6.3f}  {cfg}")
+        if "base" in best:
+            for variant, t in sorted(best.items()):
+                if variant != "base":
+                    best_ratios.setdefault((g.kind, variant), []).append(t / best["base"])
+            print(f"{g.shape_id[:50]:50} best over torch's op ({torch_us:.1f} us): "
+                  + ", ".join(f"{v} {t / torch_us:.3f}" for v, t in sorted(best.items())))
         del inputs, ref
-    for k in kinds:
-        if k in pair_ratios:
-            xs = pair_ratios[k]
-            print(f"{k}: WS=1 over WS=0 median {statistics.median(xs):.3f} "
-                  f"({min(xs):.3f}-{max(xs):.3f}) over {len(xs)} pairs; best with WS over best "
-                  f"without, median {statistics.median(best_ratios.get(k, [1.0])):.3f}")
+    for (k, variant), xs in sorted(ratios.items()):
+        bx = best_ratios.get((k, variant), [])
+        print(f"{k} {variant}: over the configuration as it runs, median "
+              f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f}) over {len(xs)} pairs; "
+              f"each shape's best over its best as it runs, median "
+              f"{statistics.median(bx) if bx else float('nan'):.3f}")
     print(f"wrong results: {wrong} of {checked} runs checked")
     return 1 if wrong else 0
 
+
+def variants(kind: str, knobs: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
+    """The configuration as it runs (``base``) and the variants that apply to it."""
+    out: list[tuple[str, dict[str, int]]] = [("base", {})]
+    if kind != "attention" and knobs.get("PERSISTENT", 0):
+        out.append(("nested", {"PERSISTENT": 2}))
+    out.append(("ws", {"WS": 1}))
+    return out
 
 if __name__ == "__main__":
     sys.exit(main())
