@@ -3,8 +3,6 @@
 ``TMA`` (compute capability 9.0 and later): Q, K, V and the output move through tensor
 descriptors over the ``[batch * heads, seq, head_dim]`` view, so the copy engine fills the
 tiles (rows past the sequence read as zeros and are never written) and no load needs a mask.
-``WS`` (with TMA): the compiler's automatic warp specialization of the unmasked key/value loop
-(``tl.range(warp_specialize=True)``): a producer warp group issues the copy engine's loads.
 """
 
 from __future__ import annotations
@@ -16,12 +14,10 @@ import triton.language as tl
 @triton.jit
 def _attend(acc, l_i, m_i, q, k_src, v_src, off_hz, offs_m, offs_n0, offs_d, lo, hi, SEQ,
             qk_scale, stride_kn, stride_vn, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-            WS: tl.constexpr = False):
+            MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr):
     """Fold key/value blocks ``[lo, hi)`` into the running (acc, l_i, m_i) online softmax.
-    ``k_src``/``v_src`` are tensor descriptors (TMA) or the head's base pointers; ``WS``
-    warp-specializes the loop."""
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+    ``k_src``/``v_src`` are tensor descriptors (TMA) or the head's base pointers."""
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         if TMA:
             k = tl.trans(k_src.load([off_hz, start_n, 0]).reshape(BLOCK_N, HEAD_DIM))
@@ -76,7 +72,7 @@ def attention_kernel(q_src, k_src, v_src, o_src, sm_scale, H, SEQ,
                      stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                      stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr = 0):
+                     CAUSAL: tl.constexpr, TMA: tl.constexpr):
     """One program: BLOCK_M queries of one (batch, head); the last dim is contiguous.
     The ``*_src`` are tensor descriptors of the ``[batch * heads, seq, head_dim]`` views when
     TMA, else the tensors' pointers."""
@@ -106,7 +102,7 @@ def attention_kernel(q_src, k_src, v_src, o_src, sm_scale, H, SEQ,
     full_hi, end = block_bounds(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, off_hz, offs_m, offs_n0, offs_d,
                             0, full_hi, SEQ, qk_scale, stride_kn, stride_vn,
-                            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, WS)
+                            HEAD_DIM, BLOCK_N, False, CAUSAL, TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, off_hz, offs_m, offs_n0, offs_d,
                             full_hi, end, SEQ, qk_scale, stride_kn, stride_vn,
                             HEAD_DIM, BLOCK_N, True, CAUSAL, TMA)

@@ -18,14 +18,10 @@ and in the paths the card can run, chosen by knobs:
   zero and are never written, so no tile needs a mask.  Without it, pointers: rows past M or
   N wrap around (their results are never stored) and K is masked only where K is not a
   multiple of BLOCK_K (``EVEN_K``).
-- ``PERSISTENT``: ``num_progs`` programs (one per SM) walk the tiles instead of one program
-  a tile: 1 in a loop the compiler flattens with the K loop, 2 in the two loops as written.
+- ``PERSISTENT``: ``num_progs`` programs (one per SM) walk the tiles in a flattened loop
+  instead of one program a tile.
 - ``SUBTILE``: the epilogue stores the tile as two halves of BLOCK_N / 2 columns, which
   halves the staging buffer of a TMA store.
-- ``WS``: the compiler's automatic warp specialization (``tl.range(warp_specialize=True)``):
-  a producer warp group issues the copy engine's loads while the others run the dots; on the
-  persistent path it specializes the tile loop (nested then, as ``PERSISTENT=2``), else the
-  K loop.
 """
 
 from __future__ import annotations
@@ -88,10 +84,8 @@ def gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
               stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               GROUP_M: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
-              TMA: tl.constexpr, SUBTILE: tl.constexpr, EVEN_K: tl.constexpr,
-              K_WS: tl.constexpr):
-    """One BLOCK_M × BLOCK_N output tile: prologue, the K loop (warp-specialized when
-    ``K_WS``), epilogue, store."""
+              TMA: tl.constexpr, SUBTILE: tl.constexpr, EVEN_K: tl.constexpr):
+    """One BLOCK_M × BLOCK_N output tile: prologue, the K loop, epilogue, store."""
     pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
     row0 = pid_m * BLOCK_M
     col0 = pid_n * BLOCK_N
@@ -110,7 +104,7 @@ def gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if EPILOGUE == 1:
         acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for ki in tl.range(0, k_tiles, warp_specialize=K_WS):
+    for ki in range(0, k_tiles):
         k0 = ki * BLOCK_K
         x = load_k_tile(a, row0, k0, M, K, stride_am, BLOCK_M, BLOCK_K, TMA, EVEN_K)
         if PROLOGUE != 0:
@@ -156,29 +150,19 @@ def gemm_kernel(a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
                 TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr,
-                EVEN_K: tl.constexpr, WS: tl.constexpr = 0):
+                EVEN_K: tl.constexpr):
     """``a``, ``b``, ``b2`` and ``c`` are tensor descriptors when TMA, else pointers;
     ``x_ptr`` is A's pointer on every path."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    if PERSISTENT == 1 and not WS:
+    if PERSISTENT:
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
                                 flatten=True):
             gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                       stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE,
-                      EVEN_K, False)
-    elif PERSISTENT:
-        # nested: the tile loop around the K loop as written (Hopper's warp specialization
-        # takes it so, not flattened)
-        for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
-                                warp_specialize=WS):
-            gemm_tile(tile_id, a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
-                      stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
-                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE,
-                      EVEN_K, False)
+                      EVEN_K)
     else:
         gemm_tile(tl.program_id(0), a, x_ptr, b, b2, wn_ptr, c, ss_ptr, M, N, K, eps,
                   stride_am, stride_bn, stride_cm, stride_sm, num_pid_m, num_pid_n,
-                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE, EVEN_K,
-                  WS)
+                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PROLOGUE, EPILOGUE, TMA, SUBTILE, EVEN_K)

@@ -126,7 +126,7 @@ class Attention(Kind):
                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                 v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                 HEAD_DIM=shape["head_dim"], BLOCK_M=bm, BLOCK_N=knobs["BLOCK_N"],
-                CAUSAL=bool(shape["causal"]), TMA=tma, WS=knobs.get("WS", 0),
+                CAUSAL=bool(shape["causal"]), TMA=tma,
                 num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
 
         return Launch(run=launch, out=out)

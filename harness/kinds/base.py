@@ -150,7 +150,7 @@ def gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, *, b2: Any = None, wn: Any
             a.stride(0), b.stride(0), c.stride(0), stride_sm, progs,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=knobs["GROUP_M"],
             PROLOGUE=prologue, EPILOGUE=epilogue, TMA=tma, PERSISTENT=persistent,
-            SUBTILE=subtile, EVEN_K=int(k % bk == 0), WS=knobs.get("WS", 0),
+            SUBTILE=subtile, EVEN_K=int(k % bk == 0),
             num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
 
     return launch
