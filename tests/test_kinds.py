@@ -119,6 +119,58 @@ def test_the_tma_path_matches_the_reference_in_the_interpreter(kind_name: str) -
     assert not failures, f"{len(failures)} specs differ from the reference: {failures[:5]}"
 
 
+ROW_KINDS = ["reduce", "rms_norm", "softmax"]
+
+
+@pytest.mark.parametrize("kind_name", ROW_KINDS)
+def test_the_row_kinds_cache_hints_keep_every_result_in_the_interpreter(kind_name: str) -> None:
+    """``EVICT=1`` (evict_first on a last read, evict_last on a first pass of two and on the
+    weight) changes no result: the whole tiny pool, one and two passes, split reductions."""
+    results = _run_interpreted(kind_name, force={"EVICT": 1})
+    assert len(results) >= 5 and all("EVICT=1" in r["spec"] for r in results)
+    failures = [r for r in results if r["error"]]
+    assert not failures, f"{len(failures)} specs differ from the reference: {failures[:5]}"
+
+
+_PTX_OF = """
+import json, sys
+from harness import kinds as registry
+from harness.box.compiler import _compile_only, _warm
+_warm(("cuda", 90, 32))
+kind_name, shape, knobs = json.loads(sys.argv[1])
+kind = registry.get(kind_name)
+with _compile_only():
+    inputs = kind.make_inputs(shape, "meta", 0)
+    print(json.dumps(kind.prepare(knobs, shape, inputs).run().asm["ptx"]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind_name", ROW_KINDS)
+def test_the_row_kinds_cache_hints_reach_the_hopper_ptx(kind_name: str, tmp_path: Path) -> None:
+    """Compiled for compute capability 9.0 (no GPU needed): with ``EVICT=1`` the loads carry
+    the L2 policies, two-pass kernels both of them; with ``EVICT=0`` none does."""
+    shape: dict[str, Any] = {"M": 64, "N": 8192, "dtype": "bf16"}
+    knobs: dict[str, Any] = {"BLOCK_N": 2048, "ROWS": 1, "num_warps": 4, "num_stages": 2}
+    if kind_name == "reduce":
+        shape["op"] = "sum"
+        knobs["SPLIT"] = 2
+    else:
+        knobs["ONE_PASS"] = 0
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    ptx = {}
+    for evict in (0, 1):
+        arg = json.dumps([kind_name, shape, {**knobs, "EVICT": evict}])
+        proc = subprocess.run([sys.executable, "-c", _PTX_OF, arg], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ptx[evict] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "evict_first" not in ptx[0] and "evict_last" not in ptx[0]
+    assert "evict_first" in ptx[1]
+    assert ("evict_last" in ptx[1]) == (kind_name != "reduce")
+
+
 def test_reduce_every_op_interpreted() -> None:
     from harness.kinds.reduce import OPS
 

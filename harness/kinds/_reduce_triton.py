@@ -5,16 +5,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from harness.kinds._rows_triton import load_tile
+
 
 @triton.jit
 def reduce_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_ym, chunk, scale,
                   BLOCK_N: tl.constexpr, ROWS: tl.constexpr, OP: tl.constexpr,
-                  SQUARE: tl.constexpr):
+                  SQUARE: tl.constexpr, EVICT: tl.constexpr = 0):
     """Reduce columns ``[pid1 * chunk, (pid1 + 1) * chunk)`` of ROWS rows into ``y[row, pid1]``.
 
     OP 0 sums (times ``scale``), 1 takes the max, 2 the min; SQUARE squares first.  The
     running value is kept elementwise over a (ROWS, BLOCK_N) tile and reduced across threads
-    once at the end, so the loop body is loads and FMAs only.
+    once at the end, so the loop body is loads and FMAs only.  ``EVICT`` 1 reads x with
+    ``evict_first`` (each element is read once).
     """
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -33,8 +36,8 @@ def reduce_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_ym, chunk, scale,
     for start in range(lo, hi, BLOCK_N):
         cols = start + cols0
         mask = rmask[:, None] & (cols[None, :] < hi)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask,
-                    other=neutral).to(tl.float32)
+        x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, neutral,
+                      EVICT).to(tl.float32)
         if SQUARE:
             x = x * x
         if OP == 0:

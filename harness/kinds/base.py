@@ -44,6 +44,13 @@ GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3
 GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTILE": [0, 1]}
 
 
+# The row kinds' L2 cache hints (reduce, rms_norm, softmax, on a GPU): 0 the hardware's
+# default; 1 a read of data read once is ``evict_first`` and a read of data read again (the
+# first pass of two, a weight) ``evict_last``, as torch.compile's reductions do.  It never
+# changes what a configuration needs, so it is a monotone knob of those kinds.
+EVICT: list[int] = [0, 1]
+
+
 def completed(knobs: Mapping[str, Any], space: Mapping[str, list[Any]]) -> dict[str, Any]:
     """``knobs`` with every knob of ``space`` it lacks set to that knob's first value.
 

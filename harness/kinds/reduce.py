@@ -14,6 +14,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    EVICT,
     Kind,
     Knobs,
     Launch,
@@ -39,6 +40,7 @@ def split_chunk(n: int, block_n: int, split: int) -> tuple[int, int]:
 class Reduce(Kind):
     name = "reduce"
     fields = ("M", "N", "op", "dtype")
+    monotone = ("EVICT",)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
@@ -48,7 +50,7 @@ class Reduce(Kind):
         blocks = [b for b in (128, 256, 512, 1024, 2048, 4096, 8192, 16384) if b <= top]
         return {"BLOCK_N": blocks or [top], "ROWS": [1, 2, 4, 8, 16],
                 "SPLIT": [1, 2, 4, 8, 16, 32], "num_warps": [1, 2, 4, 8, 16],
-                "num_stages": [1, 2, 3]}
+                "num_stages": [1, 2, 3], "EVICT": EVICT}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bn, rows, split = knobs["BLOCK_N"], knobs["ROWS"], knobs["SPLIT"]
@@ -140,6 +142,7 @@ class Reduce(Kind):
             def launch() -> Any:
                 return reduce_kernel[grid](x, out, m, n, x.stride(0), 1, chunk, scale,
                                            BLOCK_N=bn, ROWS=rows, OP=code, SQUARE=square,
+                                           EVICT=knobs.get("EVICT", 0),
                                            num_warps=knobs["num_warps"],
                                            num_stages=knobs["num_stages"])
 
@@ -151,6 +154,7 @@ class Reduce(Kind):
         def launch_split() -> Any:
             handle = reduce_kernel[grid](x, part, m, n, x.stride(0), used, chunk, 1.0,
                                          BLOCK_N=bn, ROWS=rows, OP=code, SQUARE=square,
+                                         EVICT=knobs.get("EVICT", 0),
                                          num_warps=knobs["num_warps"],
                                          num_stages=knobs["num_stages"])
             # fold the partials: sums add (mean scales here), max/min fold as themselves

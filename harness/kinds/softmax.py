@@ -8,6 +8,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    EVICT,
     Kind,
     Knobs,
     Launch,
@@ -21,6 +22,7 @@ from harness.kinds.base import (
 class Softmax(Kind):
     name = "softmax"
     fields = ("M", "N", "dtype")
+    monotone = ("EVICT",)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
@@ -29,7 +31,7 @@ class Softmax(Kind):
         top = min(next_pow2(shape["N"]), 32768)
         blocks = [b for b in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768) if b <= top]
         return {"BLOCK_N": blocks or [top], "ROWS": [1, 2, 4, 8], "ONE_PASS": [0, 1],
-                "num_warps": [1, 2, 4, 8, 16], "num_stages": [1, 2, 3]}
+                "num_warps": [1, 2, 4, 8, 16], "num_stages": [1, 2, 3], "EVICT": EVICT}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bn, rows, warps = knobs["BLOCK_N"], knobs["ROWS"], knobs["num_warps"]
@@ -86,6 +88,7 @@ class Softmax(Kind):
         def launch() -> Any:
             return softmax_kernel[grid](x, out, m, n, x.stride(0), out.stride(0),
                                  BLOCK_N=knobs["BLOCK_N"], ROWS=rows, ONE_PASS=knobs["ONE_PASS"],
+                                 EVICT=knobs.get("EVICT", 0),
                                  num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
 
         return Launch(run=launch, out=out)
