@@ -5,15 +5,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# what the ``EVICT`` knob asks of L2 for a load (``POLICY`` of :func:`load_tile`)
-KEEP = 0   # the hardware's default
-ONCE = 1   # ``evict_first``: read once, make room for other data first
-AGAIN = 2  # ``evict_last``: read again soon (the first pass of a two-pass kernel, weights)
-
 
 @triton.jit
 def load_tile(ptrs, mask, other, POLICY: tl.constexpr):
-    """``tl.load`` with the L2 eviction policy ``POLICY`` (KEEP, ONCE or AGAIN)."""
+    """``tl.load`` with an L2 eviction policy: ``POLICY`` 0 the hardware's default, 1
+    ``evict_first`` (data read once: make room for other data first), 2 ``evict_last`` (read
+    again soon: the first pass of a two-pass kernel, a weight every row reads).  A kernel's
+    ``EVICT`` knob passes 0 or 1 for a last read and 0 or 2 (``2 * EVICT``) for the others."""
     if POLICY == 1:
         tile = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
     elif POLICY == 2:
