@@ -30,6 +30,7 @@ from harness import goldens, pools  # noqa: E402
 from harness import kinds as registry  # noqa: E402
 from harness.cards import DEPLOYABLE, INTERPRET, INTERPRETER, by_alias, by_name  # noqa: E402
 from harness.points import make_spec, parse_spec  # noqa: E402
+from harness.shipped import ROW_KINDS  # noqa: E402
 
 ALL_KINDS = registry.names()
 NEW_KINDS = ["reduce", "rms_norm", "attention", "norm_linear", "mlp_geglu", "linear_norm"]
@@ -117,9 +118,6 @@ def test_the_tma_path_matches_the_reference_in_the_interpreter(kind_name: str) -
     assert len(results) >= 10
     failures = [r for r in results if r["error"]]
     assert not failures, f"{len(failures)} specs differ from the reference: {failures[:5]}"
-
-
-ROW_KINDS = ["reduce", "rms_norm", "softmax"]
 
 
 @pytest.mark.parametrize("kind_name", ROW_KINDS)
