@@ -1,6 +1,6 @@
 """Each golden shape's best measured configuration against what a user runs instead.
 
-    python bench/versus_torch.py --db NODE.db --gpu h200 [--kind K ...]
+    python bench/versus_torch.py --db NODE.db --gpu h200 [--kind K ...] [--as-measured]
 
 From the node table alone (no GPU): per shape, the best ok configuration's time, torch's op
 (``baseline=torch``: cuBLAS for the linears, SDPA for attention) over it and
@@ -8,7 +8,9 @@ From the node table alone (no GPU): per shape, the best ok configuration's time,
 how many configurations failed; then per kind and phase (decode: M or batch rows of at most
 64, else prefill) the range of both ratios, their mean and on how many shapes ours is at least
 as fast.  Shapes without a baseline row show ``-``.  Every ratio is the harness's own
-measurement of both sides, timed the same way in the same sweep.
+measurement of both sides, timed the same way in the same sweep, each at its shape's
+reference clock (harness/steady.py: a row's time over its interleaved reference's, times the
+shape's median reference time) unless ``--as-measured``.
 """
 
 from __future__ import annotations
@@ -107,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", type=Path, required=True, help="the node table")
     ap.add_argument("--gpu", required=True, help="card alias, e.g. h200")
     ap.add_argument("--kind", action="append", default=None, help="only this kind (repeated)")
+    ap.add_argument("--as-measured", action="store_true",
+                    help="compare the times as measured, not at each shape's reference clock "
+                    "(harness/steady.py)")
     args = ap.parse_args(argv)
 
     from harness.cards import UnknownCardError, by_alias
+    from harness.steady import steadied
     from harness.store import NodeStore
 
     try:
@@ -121,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     with NodeStore(args.db) as store:
         rows = [r for r in store.rows(gpu=card.name, regime="deployable")
                 if args.kind is None or r["kind"] in args.kind]
-    lines = shape_lines(rows)
+    lines = shape_lines(rows if args.as_measured else steadied(rows))
     if not lines:
         print(f"{args.db} has no ok deployable configuration of {card.name}", file=sys.stderr)
         return 1
     print(f"{card.name}: {len(lines)} shapes; torch / compile: their time over the best "
-          "configuration's (below 1: theirs is faster)")
+          "configuration's (below 1: theirs is faster); times "
+          + ("as measured" if args.as_measured else "at each shape's reference clock"))
     print(f"{'shape':52} {'best_us':>9} {'torch':>6} {'compile':>7} {'failed':>6}  best")
     for ln in lines:
         print(f"{ln.shape_id[:52]:52} {ln.best_us:9.1f} {_ratio(ln.torch):>6} "

@@ -164,7 +164,11 @@ def _add_goldens(subparsers: Any) -> None:
                    help="anchors file (default harness/goldens/anchors/<alias>.json)")
     r.add_argument("--keep-faster", action="store_true",
                    help="a shape whose anchor in the file is faster than this table's best keeps "
-                   "it (a short sweep does not undo a longer one)")
+                   "it (a short sweep does not undo a longer one); an --out file that does not "
+                   "exist yet starts from the card's anchors")
+    r.add_argument("--as-measured", action="store_true",
+                   help="pick by the times as measured; by default each row's time is taken at "
+                   "its shape's reference clock (harness/steady.py)")
     r.set_defaults(func=_cmd_goldens_record)
 
 
@@ -181,6 +185,10 @@ def _cmd_goldens_record(args: argparse.Namespace) -> int:
         raise CommandError(f"no node table at {db}", EXIT_USAGE)
     with NodeStore(db) as store:
         rows = store.rows(gpu=card.name, regime="deployable", status="ok")
+    if not args.as_measured:
+        from harness.steady import steadied
+
+        rows = steadied(rows)
     if not rows:
         raise CommandError(f"{db} has no deployable ok rows of {card.name}; nothing recorded")
     path, n, changed = record(rows, card, args.out, keep_faster=args.keep_faster)
@@ -213,6 +221,11 @@ def _eval_options(p: Any) -> None:
                    help="fits of a learning prior per card: the shapes are dealt to N folds "
                    "kind by kind and each fold is scored by the fit that did not see it (default "
                    "6; 0: one fit per shape, leave-one-shape-out)")
+    p.add_argument("--as-measured", action="store_true",
+                   help="rank by the times as measured; by default each row's time is taken at "
+                   "its shape's reference clock (its time over the reference timed beside it, "
+                   "times the shape's median reference time: a card that slows under sustained "
+                   "load does not favour the rows timed while it was cool)")
 
 
 class _FitProgress:
@@ -255,7 +268,8 @@ def _run_eval(args: argparse.Namespace, allow_empty: bool = False) -> Any:
     req = EvalRequest(db=args.db or default_db_path(), gpu=args.gpu, kinds=args.kind,
                       regime=args.regime, priors=args.prior or [], anchors_dir=args.anchors,
                       seed=args.seed, min_rows=args.min_rows,
-                      folds=FOLDS if args.folds is None else args.folds)
+                      folds=FOLDS if args.folds is None else args.folds,
+                      as_measured=args.as_measured)
     progress = _FitProgress()
     try:
         return run_request(req, allow_empty=allow_empty, progress=progress)

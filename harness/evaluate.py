@@ -825,6 +825,7 @@ class EvalRequest:
     seed: int = 0
     min_rows: int = MIN_ROWS
     folds: int = FOLDS
+    as_measured: bool = False  # False: every row's time at its shape's reference clock
 
 
 @dataclass
@@ -893,6 +894,10 @@ def run_request(req: EvalRequest, *, allow_empty: bool = False,
     built = [prior_registry.make(name, ctx) for name in (req.priors or prior_registry.DEFAULT_PRIORS)]
     with NodeStore(db) as store:
         rows = store.rows()
+    if not req.as_measured:
+        from harness.steady import steadied
+
+        rows = steadied(rows)
     regime = req.regime or table_regime(rows)
     in_regime = {str(r["gpu"]) for r in rows if r.get("regime") == regime}
     if not in_regime and allow_empty:

@@ -139,3 +139,26 @@ def test_anchor_files_are_valid_json_with_known_kinds() -> None:
     for path in goldens.ANCHOR_DIR.glob("*.json"):
         data = json.loads(path.read_text())
         assert all(a["kind"] in registry.names() for a in data["anchors"])
+
+
+def test_record_keep_faster_into_a_new_file_starts_from_the_cards_anchors(
+        tmp_path: Path, monkeypatch) -> None:
+    """``--out`` elsewhere with ``--keep-faster`` compares with the card's recorded anchors
+    (a new file has none) and writes them all, the faster of each kept."""
+    import harness.goldens.record as rec
+
+    shipped = tmp_path / "anchors"
+    shipped.mkdir()
+    record([_row("A=1", 1.0, shape_id="s1"), _row("A=1", 2.0, shape_id="s2")], by_alias("h200"),
+           shipped / "h200.json", in_pool=ANY)
+    monkeypatch.setattr(rec, "ANCHOR_DIR", shipped)
+    out = tmp_path / "new.json"
+    path, n, changed = record([_row("A=2", 1.5, shape_id="s1")], by_alias("h200"), out,
+                              keep_faster=True, in_pool=ANY)
+    assert (path, n, changed) == (out, 2, 0)
+    assert {a.shape_id: (a.spec, a.value_us) for a in goldens.load_anchor_file(out)} == {
+        "s1": ("A=1", 1.0), "s2": ("A=1", 2.0)}
+    # without --keep-faster a new file holds this table's anchors only
+    path, n, _ = record([_row("A=2", 1.5, shape_id="s1")], by_alias("h200"), tmp_path / "b.json",
+                        in_pool=ANY)
+    assert n == 1

@@ -67,16 +67,21 @@ def pool_of(card: Card) -> Callable[[str, str, str], bool]:
 def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = None,
            keep_faster: bool = False,
            in_pool: Callable[[str, str, str], bool] | None = None) -> tuple[Path, int, int]:
-    """Write ``card``'s anchors file: measured shapes take their best spec, shapes not in
-    ``rows`` keep the anchor they had; with ``keep_faster``, so does a shape whose anchor was
-    measured faster than anything in ``rows`` (a short sweep that did not reach it leaves the
-    longer sweep's anchor).  Only configurations of the card's pool are anchors (``in_pool``,
-    by default :func:`pool_of`).  Returns (path, anchors written, of which new/changed)."""
-    path = path or ANCHOR_DIR / f"{card.alias}.json"
+    """Write ``card``'s anchors file (``path``, default the card's file under
+    harness/goldens/anchors): measured shapes take their best spec, shapes not in ``rows``
+    keep the anchor they had; with ``keep_faster``, so does a shape whose anchor was measured
+    faster than anything in ``rows`` (a short sweep that did not reach it leaves the longer
+    sweep's anchor), and a ``path`` that does not exist yet starts from the card's file.
+    Only configurations of the card's pool are anchors (``in_pool``, by default
+    :func:`pool_of`).  Returns (path, anchors written, of which new/changed)."""
+    shipped_path = ANCHOR_DIR / f"{card.alias}.json"
+    path = path or shipped_path
     found = best_anchors(rows, card.name, in_pool or pool_of(card))
     kept: dict[tuple[str, str], Anchor] = {}
-    if path.is_file():
-        kept = {(a.kind, a.shape_id): a for a in load_anchor_file(path)}
+    # keeping the faster needs what was recorded: a new file elsewhere starts from the card's
+    start = path if path.is_file() or not keep_faster else shipped_path
+    if start.is_file():
+        kept = {(a.kind, a.shape_id): a for a in load_anchor_file(start)}
     if keep_faster:
         found = [a for a in found if (a.kind, a.shape_id) not in kept
                  or a.value_us <= kept[(a.kind, a.shape_id)].value_us]
