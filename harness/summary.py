@@ -135,8 +135,8 @@ def best_table(best: Sequence[tuple[str, str, str, float, str, str]]) -> list[st
     title = "best configuration per shape measured in this run"
     if len(cards) == 1:
         title += f" on {cards[0]}"
-    if show_torch or show_compile:
-        title += " (torch, compile: its time over theirs)"
+    title += " (times at each shape's reference clock"
+    title += "; torch, compile: its time over theirs)" if show_torch or show_compile else ")"
     table = tabulate(rows, headers=[name for name, _ in cols], tablefmt="simple",
                      disable_numparse=True)
     return [*textwrap.wrap(title + ":", WIDTH), *table.splitlines()]
@@ -145,25 +145,30 @@ def best_table(best: Sequence[tuple[str, str, str, float, str, str]]) -> list[st
 def best_per_shape(conn: Any, run_ids: list[str]) -> list[str]:
     """The best configuration this run measured on each shape, with its time and its ratio to
     torch's own op and to torch.compile where the node table has them: the table the summary
-    ends with ([] when the run measured nothing)."""
+    ends with ([] when the run measured nothing).  Times are at each shape's reference clock
+    (:mod:`harness.steady`, over every ok row of the shape in the table)."""
     from harness.shipped import BASELINE_KNOB
+    from harness.steady import steadied
 
     if not run_ids:
         return []
     marks = ",".join("?" * len(run_ids))
+    cols = ("gpu", "regime", "kind", "shape_id", "spec", "value_us", "ref_us", "run_id")
+    rows = steadied(dict(zip(cols, r, strict=True)) for r in conn.execute(
+        f"SELECT {', '.join(cols)} FROM node WHERE status = 'ok' AND value_us > 0 AND "
+        f"(gpu, shape_id) IN (SELECT gpu, shape_id FROM node WHERE run_id IN ({marks}))",
+        run_ids))
+    mine = set(run_ids)
     best: dict[tuple[str, str], tuple[float, str]] = {}
-    for gpu, shape, spec, us in conn.execute(
-            f"SELECT gpu, shape_id, spec, value_us FROM node WHERE run_id IN ({marks}) "
-            f"AND status = 'ok' AND value_us > 0 AND spec NOT LIKE '{BASELINE_KNOB}=%'", run_ids):
-        if (gpu, shape) not in best or us < best[(gpu, shape)][0]:
-            best[(gpu, shape)] = (us, spec)
+    base: dict[tuple[str, str, str], float] = {}
+    for r in rows:
+        key, us, spec = (r["gpu"], r["shape_id"]), r["value_us"], str(r["spec"])
+        if spec.startswith(f"{BASELINE_KNOB}="):
+            base[(*key, spec.split("=", 1)[1])] = us
+        elif r["run_id"] in mine and (key not in best or us < best[key][0]):
+            best[key] = (us, spec)
     if not best:
         return []
-    base: dict[tuple[str, str, str], float] = {}
-    for gpu, shape, spec, us in conn.execute(
-            "SELECT gpu, shape_id, spec, value_us FROM node WHERE status = 'ok' AND value_us > 0 "
-            f"AND spec LIKE '{BASELINE_KNOB}=%'"):
-        base[(gpu, shape, spec.split("=", 1)[1])] = us
 
     def ratio(gpu: str, shape: str, name: str, us: float) -> str:
         b = base.get((gpu, shape, name))

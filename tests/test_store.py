@@ -863,9 +863,11 @@ def test_the_summary_ends_with_each_shapes_best_configuration_of_the_run(store: 
     ])
     lines = best_per_shape(store._conn, [mine])
     assert lines[0].startswith(f"best configuration per shape measured in this run on {H200}")
-    assert lines[1].split() == ["shape", "time", "torch", "compile", "best", "configuration",
-                                 "this", "run"]
-    rows = [line.split() for line in lines[3:]]
+    head = next(i for i, line in enumerate(lines) if line.startswith("shape"))
+    assert "reference clock" in " ".join(lines[:head])
+    assert lines[head].split() == ["shape", "time", "torch", "compile", "best", "configuration",
+                                   "this", "run"]
+    rows = [line.split() for line in lines[head + 2:]]
     assert rows == [
         ["matmul_M4096_N4096_K4096_bf16", "8.0us", "0.50x", "2.00x",
          "BLOCK_K=64,BLOCK_M=128,BLOCK_N=64,num_stages=3,num_warps=4"],
@@ -874,3 +876,18 @@ def test_the_summary_ends_with_each_shapes_best_configuration_of_the_run(store: 
     ]
     assert all(len(line) < 120 for line in lines)
     assert best_per_shape(store._conn, ["bench-none"]) == []
+
+
+def test_the_summarys_best_is_the_fastest_at_the_shapes_reference_clock(store: NodeStore) -> None:
+    """A row timed while the card ran fast (its reference beside it fast too) is not the best
+    for that: each row is taken at the shape's median reference time (harness/steady.py)."""
+    from harness.summary import best_per_shape
+
+    steady = "BLOCK_K=64,BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4"
+    lucky = "BLOCK_K=64,BLOCK_M=128,BLOCK_N=64,num_stages=3,num_warps=4"
+    store.merge([make_row(spec=steady, value_us=10.0, ref_us=10.0, run_id="bench-a"),
+                 make_row(spec=lucky, value_us=9.5, ref_us=8.0, run_id="bench-a"),
+                 make_row(spec="baseline=torch", value_us=10.0, ref_us=10.0, run_id="bench-a")])
+    lines = best_per_shape(store._conn, ["bench-a"])
+    (row,) = [line.split() for line in lines if line.startswith("matmul_")]
+    assert row == ["matmul_M4096_N4096_K4096_bf16", "10.0us", "1.00x", steady]
