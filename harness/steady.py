@@ -12,7 +12,8 @@ row with the lowest time was 1.10x its reference while another configuration was
 reference time: ``value_us * median(ref_us of the shape's rows) / ref_us``, the measured
 time kept as ``measured_us``.  Ranking, anchors and "who is faster" comparisons then compare
 configurations at one clock.  Rows without a reference time (failures, rows written before
-``ref_us`` existed) keep their time.  The node table itself is never rewritten.
+``ref_us`` existed) and interpreter rows (the Triton interpreter's kernel and torch's CPU
+reference do not slow down alike) keep their time.  The node table itself is never rewritten.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from harness.cards import INTERPRET
+
 MEASURED = "measured_us"  # the key that keeps a steadied row's time as measured
 
 
 def _ref(row: Mapping[str, Any]) -> float | None:
     ref = row.get("ref_us")
     if row.get("status", "ok") != "ok" or row.get("value_us") is None:
+        return None
+    if row.get("regime") == INTERPRET:  # the reference runs in torch on the CPU, not alike
         return None
     if isinstance(ref, bool) or not isinstance(ref, (int, float)) or not ref > 0:
         return None

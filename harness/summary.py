@@ -98,10 +98,11 @@ def _wrap(text: str, width: int, sep: str) -> str:
     return "\n".join(lines)
 
 
-def best_table(best: Sequence[tuple[str, str, str, float, str, str]]) -> list[str]:
+def best_table(best: Sequence[tuple[str, str, str, float, str, str]], steady: bool = False
+               ) -> list[str]:
     """(card, shape, configuration, µs, ratio to torch, ratio to torch.compile) per shape as
     the summary's table: the card named once when there is one, a ratio column only when some
-    shape has it."""
+    shape has it; ``steady``: the times are at each shape's reference clock (said so)."""
     cards = list(dict.fromkeys(b[0] for b in best))
     show_torch = any(b[4] != "-" for b in best)
     show_compile = any(b[5] != "-" for b in best)
@@ -135,8 +136,11 @@ def best_table(best: Sequence[tuple[str, str, str, float, str, str]]) -> list[st
     title = "best configuration per shape measured in this run"
     if len(cards) == 1:
         title += f" on {cards[0]}"
-    title += " (times at each shape's reference clock"
-    title += "; torch, compile: its time over theirs)" if show_torch or show_compile else ")"
+    notes = ["times at each shape's reference clock"] if steady else []
+    if show_torch or show_compile:
+        notes.append("torch, compile: its time over theirs")
+    if notes:
+        title += f" ({'; '.join(notes)})"
     table = tabulate(rows, headers=[name for name, _ in cols], tablefmt="simple",
                      disable_numparse=True)
     return [*textwrap.wrap(title + ":", WIDTH), *table.splitlines()]
@@ -148,7 +152,7 @@ def best_per_shape(conn: Any, run_ids: list[str]) -> list[str]:
     ends with ([] when the run measured nothing).  Times are at each shape's reference clock
     (:mod:`harness.steady`, over every ok row of the shape in the table)."""
     from harness.shipped import BASELINE_KNOB
-    from harness.steady import steadied
+    from harness.steady import MEASURED, steadied
 
     if not run_ids:
         return []
@@ -169,6 +173,7 @@ def best_per_shape(conn: Any, run_ids: list[str]) -> list[str]:
             best[key] = (us, spec)
     if not best:
         return []
+    steady = any(MEASURED in r for r in rows if r["run_id"] in mine)
 
     def ratio(gpu: str, shape: str, name: str, us: float) -> str:
         b = base.get((gpu, shape, name))
@@ -176,4 +181,4 @@ def best_per_shape(conn: Any, run_ids: list[str]) -> list[str]:
 
     return best_table([(gpu, shape, spec, us, ratio(gpu, shape, "torch", us),
                         ratio(gpu, shape, "compile", us))
-                       for (gpu, shape), (us, spec) in sorted(best.items())])
+                       for (gpu, shape), (us, spec) in sorted(best.items())], steady)

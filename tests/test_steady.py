@@ -104,3 +104,11 @@ def test_eval_ranks_at_the_reference_clock_unless_asked(tmp_path: Path) -> None:
         (shape,) = e.shapes
         best[as_measured] = (shape.best_spec, round(shape.picks["compile"].regret, 3))
     assert best == {False: (SLOW_CLOCK, 0.99), True: (FAST_CLOCK, 0.918)}
+
+
+def test_interpreter_rows_keep_their_time() -> None:
+    """The interpreter's kernel and torch's CPU reference do not slow down alike."""
+    rows = [{**_row("A=1", 100.0, 50.0), "regime": "interpret"},
+            {**_row("A=2", 90.0, 40.0), "regime": "interpret"}]
+    assert [(r["value_us"], MEASURED in r) for r in steadied(rows)] == [(100.0, False),
+                                                                         (90.0, False)]
