@@ -47,3 +47,60 @@ def softmax_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_ym,
             y = tl.exp(x - m[:, None]) / s[:, None]
             tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
                      y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_partials(x_ptr, part_ptr, M, N, stride_xm, chunk, used,
+                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr = 0):
+    """The running (max, sum of exp) of columns ``[pid1 * chunk, (pid1 + 1) * chunk)`` of ROWS
+    rows into ``part[row, pid1]`` (fp32 pairs); x is read again by :func:`softmax_write`."""
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    cols0 = tl.arange(0, BLOCK_N)
+    lo = pid_s * chunk
+    hi = tl.minimum(lo + chunk, N)
+    m = tl.full((ROWS,), float("-inf"), tl.float32)
+    s = tl.zeros((ROWS,), tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + cols0
+        mask = rmask[:, None] & (cols[None, :] < hi)
+        x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, float("-inf"),
+                      2 * EVICT).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 1))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), 1)
+        m = m_new
+    base = part_ptr + (rows * used + pid_s) * 2
+    tl.store(base, m, mask=rmask)
+    tl.store(base + 1, s, mask=rmask)
+
+
+@triton.jit
+def softmax_write(x_ptr, y_ptr, part_ptr, M, N, stride_xm, stride_ym, chunk, used,
+                  BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SPLIT_P2: tl.constexpr,
+                  EVICT: tl.constexpr = 0):
+    """Fold the ``used`` partials of each of ROWS rows into the row's max and sum, then write
+    the softmax of columns ``[pid1 * chunk, (pid1 + 1) * chunk)``."""
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    sp = tl.arange(0, SPLIT_P2)
+    pmask = rmask[:, None] & (sp[None, :] < used)
+    pbase = part_ptr + (rows[:, None] * used + sp[None, :]) * 2
+    pm = tl.load(pbase, mask=pmask, other=float("-inf"))
+    ps = tl.load(pbase + 1, mask=pmask, other=0.0)
+    m = tl.max(pm, 1)
+    s = tl.sum(ps * tl.exp(pm - m[:, None]), 1)
+    cols0 = tl.arange(0, BLOCK_N)
+    lo = pid_s * chunk
+    hi = tl.minimum(lo + chunk, N)
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + cols0
+        mask = rmask[:, None] & (cols[None, :] < hi)
+        x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, float("-inf"),
+                      EVICT).to(tl.float32)
+        y = tl.exp(x - m[:, None]) / s[:, None]
+        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
+                 y.to(y_ptr.dtype.element_ty), mask=mask)

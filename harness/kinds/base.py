@@ -51,6 +51,13 @@ GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTI
 EVICT: list[int] = [0, 1]
 
 
+def split_chunk(n: int, block_n: int, split: int) -> tuple[int, int]:
+    """A row of ``n`` columns dealt to ``split`` programs (reduce's and softmax's ``SPLIT``):
+    (columns per program rounded up to whole blocks, number of non-empty programs)."""
+    chunk = cdiv(cdiv(n, split), block_n) * block_n
+    return chunk, cdiv(n, chunk)
+
+
 def completed(knobs: Mapping[str, Any], space: Mapping[str, list[Any]]) -> dict[str, Any]:
     """``knobs`` with every knob of ``space`` it lacks set to that knob's first value.
 

@@ -22,6 +22,7 @@ from harness.kinds.base import (
     cdiv,
     next_pow2,
     random_normal,
+    split_chunk,
     torch_dtype,
 )
 
@@ -29,12 +30,6 @@ OPS = ("sum", "mean", "max", "min", "sumsq")
 # op -> (kernel OP code: 0 sum, 1 max, 2 min; square the inputs first)
 _CODES = {"sum": (0, False), "mean": (0, False), "max": (1, False), "min": (2, False),
           "sumsq": (0, True)}
-
-
-def split_chunk(n: int, block_n: int, split: int) -> tuple[int, int]:
-    """(columns per split rounded up to whole blocks, number of non-empty splits)."""
-    chunk = cdiv(cdiv(n, split), block_n) * block_n
-    return chunk, cdiv(n, chunk)
 
 
 class Reduce(Kind):

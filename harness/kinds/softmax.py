@@ -1,4 +1,10 @@
-"""softmax: row-wise softmax of an M×N matrix (attention scores, vocabulary logits)."""
+"""softmax: row-wise softmax of an M×N matrix (attention scores, vocabulary logits).
+
+A row is handled by one program (``SPLIT=1``) or by ``SPLIT`` programs that each take a
+contiguous chunk of it: a first launch writes each chunk's running max and sum of exponentials
+to an fp32 workspace, a second folds a row's partials and writes its chunk (decode shapes, a
+few rows of a vocabulary, have too few rows to fill the GPU one program per row).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +19,10 @@ from harness.kinds.base import (
     Knobs,
     Launch,
     Shape,
+    cdiv,
     next_pow2,
     random_normal,
+    split_chunk,
     torch_dtype,
 )
 
@@ -26,12 +34,13 @@ class Softmax(Kind):
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
-            return {"BLOCK_N": [16, 32, 64], "ROWS": [1, 2], "ONE_PASS": [0, 1],
+            return {"BLOCK_N": [16, 32, 64], "ROWS": [1, 2], "ONE_PASS": [0, 1], "SPLIT": [1, 2],
                     "num_warps": [1], "num_stages": [1]}
         top = min(next_pow2(shape["N"]), 32768)
         blocks = [b for b in (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768) if b <= top]
         return {"BLOCK_N": blocks or [top], "ROWS": [1, 2, 4, 8], "ONE_PASS": [0, 1],
-                "num_warps": [1, 2, 4, 8, 16], "num_stages": [1, 2, 3], "EVICT": EVICT}
+                "SPLIT": [1, 2, 4, 8, 16, 32], "num_warps": [1, 2, 4, 8, 16],
+                "num_stages": [1, 2, 3], "EVICT": EVICT}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bn, rows, warps = knobs["BLOCK_N"], knobs["ROWS"], knobs["num_warps"]
@@ -41,8 +50,19 @@ class Softmax(Kind):
             return "a single pass has no loop to pipeline"
         if rows > max(1, next_pow2(shape["M"])):
             return "more rows per program than the problem has"
+        split = knobs.get("SPLIT", 1)
+        if split > 1:
+            if knobs["ONE_PASS"]:
+                return "one pass holds the whole row in one program"
+            chunk, used = split_chunk(shape["N"], bn, split)
+            if used < split:
+                return f"SPLIT={split} leaves splits without a full block of the row"
+            if knobs["num_stages"] > 1 and chunk <= bn:
+                return "one block per program has no loop to pipeline"
         if self.is_interpret(card):
             return None
+        if split > 1 and cdiv(shape["M"], rows) >= card.sm_count:
+            return f"{cdiv(shape['M'], rows)} row programs already fill the {card.sm_count} SMs"
         per_thread = rows * bn // (32 * warps)
         if per_thread > 128:
             return f"{per_thread} elements per thread exceed the register file"
@@ -83,6 +103,8 @@ class Softmax(Kind):
         x, out = inputs["x"], inputs["out"]
         m, n = shape["M"], shape["N"]
         rows = knobs["ROWS"]
+        if knobs.get("SPLIT", 1) > 1:
+            return self._prepare_split(knobs, shape, inputs)
         grid = (-(-m // rows),)
 
         def launch() -> Any:
@@ -90,6 +112,29 @@ class Softmax(Kind):
                                  BLOCK_N=knobs["BLOCK_N"], ROWS=rows, ONE_PASS=knobs["ONE_PASS"],
                                  EVICT=knobs.get("EVICT", 0),
                                  num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
+
+        return Launch(run=launch, out=out)
+
+    def _prepare_split(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        import torch
+
+        from harness.kinds._softmax_triton import softmax_partials, softmax_write
+
+        x, out = inputs["x"], inputs["out"]
+        m, n = shape["M"], shape["N"]
+        bn, rows, evict = knobs["BLOCK_N"], knobs["ROWS"], knobs.get("EVICT", 0)
+        chunk, used = split_chunk(n, bn, knobs["SPLIT"])
+        part = torch.empty(m, used, 2, device=x.device, dtype=torch.float32)
+        grid = (cdiv(m, rows), used)
+        launch_knobs = {"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]}
+
+        def launch() -> Any:
+            handle = softmax_partials[grid](x, part, m, n, x.stride(0), chunk, used,
+                                            BLOCK_N=bn, ROWS=rows, EVICT=evict, **launch_knobs)
+            softmax_write[grid](x, out, part, m, n, x.stride(0), out.stride(0), chunk, used,
+                                BLOCK_N=bn, ROWS=rows, SPLIT_P2=next_pow2(used), EVICT=evict,
+                                **launch_knobs)
+            return handle
 
         return Launch(run=launch, out=out)
 
