@@ -334,6 +334,17 @@ def test_realizability_rules() -> None:
     assert red.unrealizable(dict(split, SPLIT=8), logits, h100) is None
     assert "register" in red.unrealizable(dict(split, SPLIT=8, ROWS=4), logits, h100)
 
+    sm = registry.get("softmax")
+    vocab = {"M": 16, "N": 128256, "dtype": "fp32"}
+    split = {"BLOCK_N": 8192, "ROWS": 1, "ONE_PASS": 0, "SPLIT": 16, "num_warps": 16,
+             "num_stages": 1, "EVICT": 0}
+    assert sm.unrealizable(split, vocab, h100) is None
+    assert "whole row" in sm.unrealizable(dict(split, ONE_PASS=1), vocab, h100)
+    assert "leaves splits" in sm.unrealizable(dict(split, BLOCK_N=16384), vocab, h100)
+    assert "no loop to pipeline" in sm.unrealizable(dict(split, num_stages=2), vocab, h100)
+    scores = {"M": 65536, "N": 2048, "dtype": "bf16"}
+    assert "fill the 132 SMs" in sm.unrealizable(dict(split, BLOCK_N=128, SPLIT=2), scores, h100)
+
     rms = registry.get("rms_norm")
     one = {"BLOCK_N": 2048, "ROWS": 1, "ONE_PASS": 1, "num_warps": 8, "num_stages": 1}
     assert "whole row" in rms.unrealizable(one, {"M": 16, "N": 4096, "dtype": "bf16"}, h100)
