@@ -31,9 +31,9 @@ H200 = cards.by_alias("h200")
 
 def test_the_heuristic_for_a_row_kind_is_one_row_one_pass() -> None:
     knobs = shipped.heuristic("softmax", {"M": 4096, "N": 32000, "dtype": "bf16"}, H200)
-    # the tutorial's kernel loads with the default cache policy: EVICT=0
+    # the tutorial's kernel loads with the default cache policy (EVICT=0), a row a program
     assert knobs == {"BLOCK_N": 32768, "ROWS": 1, "ONE_PASS": 1, "num_warps": 32,
-                     "num_stages": 1, "EVICT": 0}
+                     "num_stages": 1, "EVICT": 0, "SPLIT": 1}
     assert shipped.heuristic("reduce", {"M": 8, "N": 4096, "op": "sum", "dtype": "bf16"},
                              H200)["SPLIT"] == 1
     assert shipped.autotune_list("softmax", {"M": 4096, "N": 32000, "dtype": "bf16"}, H200) == []
