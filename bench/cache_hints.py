@@ -37,27 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=6, help="random pool configurations per shape")
     args = ap.parse_args(argv)
 
-    import torch
     import triton.testing
+    from _live import live_setup
 
     from harness import goldens, shipped
     from harness import kinds as registry
-    from harness.box.bench import Bencher
-    from harness.cards import DEPLOYABLE, canonicalize
-    from harness.contract import ToolsSpec
-    from harness.points import make_spec, parse_spec
+    from harness.cards import DEPLOYABLE
+    from harness.points import make_spec
 
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    live = live_setup()
+    if live is None:
         return 2
-    card = canonicalize(torch.cuda.get_device_name())
-    if card is None:
-        print(f"{torch.cuda.get_device_name()} is not in the card catalog", file=sys.stderr)
-        return 2
-    anchors = {a.shape_id: a.spec for a in goldens.anchors() if a.gpu == card.name}
-    o = ToolsSpec()
-    bencher = Bencher("cuda", o.warmup, o.iters, max_cv=o.max_cv, remeasure=o.remeasure)
-    bencher.start()
+    card, bencher, anchors = live
     print(f"card: {card.name}")
     print(f"{'shape':34} {'evict0_us':>9} {'evict1_us':>9} {'1/0':>6} {'do_bench 1/0':>12}  config")
     pairs: dict[str, list[float]] = {}
@@ -71,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         pool = kind.enumerate(g.shape, card)
         configs: list[dict[str, Any]] = []
         if g.shape_id in anchors:
-            configs.append({k: int(v) for k, v in parse_spec(anchors[g.shape_id]).items()})
+            configs.append(anchors[g.shape_id])
         if (h := shipped.heuristic(g.kind, g.shape, card)) is not None:
             configs.append(h)
         configs += random.Random(g.shape_id).sample(pool, min(args.n, len(pool)))

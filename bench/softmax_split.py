@@ -31,27 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-rows", type=int, default=512, help="only shapes of at most M rows")
     args = ap.parse_args(argv)
 
-    import torch
+    from _live import live_setup
 
     from harness import goldens
     from harness import kinds as registry
-    from harness.box.bench import Bencher
-    from harness.cards import DEPLOYABLE, canonicalize
-    from harness.contract import ToolsSpec
-    from harness.points import make_spec, parse_spec
+    from harness.cards import DEPLOYABLE
+    from harness.points import make_spec
     from harness.shipped import BASELINE_KNOB
 
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    live = live_setup()
+    if live is None:
         return 2
-    card = canonicalize(torch.cuda.get_device_name())
-    if card is None:
-        print(f"{torch.cuda.get_device_name()} is not in the card catalog", file=sys.stderr)
-        return 2
-    anchors = {a.shape_id: a.spec for a in goldens.anchors() if a.gpu == card.name}
-    o = ToolsSpec()
-    bencher = Bencher("cuda", o.warmup, o.iters, max_cv=o.max_cv, remeasure=o.remeasure)
-    bencher.start()
+    card, bencher, anchors = live
     kind = registry.get("softmax")
     failed = 0
     print(f"card: {card.name}")
@@ -65,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         configs: list[dict[str, Any]] = (rnd.sample(whole, min(args.n, len(whole)))
                                          + rnd.sample(split, min(args.n, len(split))))
         if g.shape_id in anchors:
-            anchor = {k: int(v) for k, v in parse_spec(anchors[g.shape_id]).items()}
+            anchor = anchors[g.shape_id]
             configs.append(anchor)
             configs += [c for e in (0, 1) for s in (4, 8, 16, 32) for bn in (1024, 2048, 4096, 8192)
                         if kind.unrealizable(c := dict(anchor, SPLIT=s, EVICT=e, ONE_PASS=0,

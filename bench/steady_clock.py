@@ -42,30 +42,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 2 or args.configs < 1:
         ap.error("--rounds needs at least 2 and --configs at least 1")
 
-    import torch
-
-    from harness import goldens
     from harness import kinds as registry
-    from harness.box.bench import Bencher
-    from harness.cards import DEPLOYABLE, canonicalize
-    from harness.contract import ToolsSpec
-    from harness.points import make_spec, parse_spec
 
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
-    card = canonicalize(torch.cuda.get_device_name())
-    if card is None:
-        print(f"{torch.cuda.get_device_name()} is not in the card catalog", file=sys.stderr)
-        return 2
     kinds = args.kind or registry.names()
     for k in kinds:
         if k not in registry.names():
             ap.error(f"--kind {k!r}; valid kinds: {', '.join(registry.names())}")
-    anchors = {a.shape_id: a.spec for a in goldens.anchors() if a.gpu == card.name}
-    o = ToolsSpec()
-    bencher = Bencher("cuda", o.warmup, o.iters, max_cv=o.max_cv, remeasure=o.remeasure)
-    bencher.start()
+
+    import torch
+    from _live import live_setup
+
+    from harness import goldens
+    from harness.cards import DEPLOYABLE
+    from harness.points import make_spec
+
+    live = live_setup()
+    if live is None:
+        return 2
+    card, bencher, anchors = live
     heat_a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 
     def heat() -> None:
@@ -86,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         pool = kind.enumerate(g.shape, card)
         configs: list[dict[str, Any]] = []
         if g.shape_id in anchors:
-            configs.append({k: int(v) for k, v in parse_spec(anchors[g.shape_id]).items()})
+            configs.append(anchors[g.shape_id])
         rest = [c for c in pool if make_spec(c) not in {make_spec(x) for x in configs}]
         configs += random.Random(g.shape_id).sample(rest, min(args.configs - len(configs),
                                                                len(rest)))

@@ -1,0 +1,33 @@
+"""What the bench scripts that measure on the GPU share: the live card from the catalog, the
+Bencher with the sweep's defaults, and the card's anchors as knobs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def live_setup() -> tuple[Any, Any, dict[str, dict[str, int]]] | None:
+    """(card, started Bencher, {shape_id: anchor knobs}) of this machine's GPU; None, with
+    the reason on stderr, where there is no CUDA GPU or the catalog lacks it."""
+    import torch
+
+    from harness import goldens
+    from harness.box.bench import Bencher
+    from harness.cards import canonicalize
+    from harness.contract import ToolsSpec
+    from harness.points import parse_spec
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return None
+    card = canonicalize(torch.cuda.get_device_name())
+    if card is None:
+        print(f"{torch.cuda.get_device_name()} is not in the card catalog", file=sys.stderr)
+        return None
+    o = ToolsSpec()
+    bencher = Bencher("cuda", o.warmup, o.iters, max_cv=o.max_cv, remeasure=o.remeasure)
+    bencher.start()
+    anchors = {a.shape_id: {k: int(v) for k, v in parse_spec(a.spec).items()}
+               for a in goldens.anchors() if a.gpu == card.name}
+    return card, bencher, anchors
