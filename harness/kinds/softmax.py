@@ -100,11 +100,11 @@ class Softmax(Kind):
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
         from harness.kinds._softmax_triton import softmax_kernel
 
+        if knobs.get("SPLIT", 1) > 1:
+            return self._prepare_split(knobs, shape, inputs)
         x, out = inputs["x"], inputs["out"]
         m, n = shape["M"], shape["N"]
         rows = knobs["ROWS"]
-        if knobs.get("SPLIT", 1) > 1:
-            return self._prepare_split(knobs, shape, inputs)
         grid = (-(-m // rows),)
 
         def launch() -> Any:
