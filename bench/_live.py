@@ -3,6 +3,7 @@ Bencher with the sweep's defaults, and the card's anchors as knobs."""
 
 from __future__ import annotations
 
+import random
 import sys
 from typing import Any
 
@@ -31,3 +32,18 @@ def live_setup() -> tuple[Any, Any, dict[str, dict[str, int]]] | None:
     anchors = {a.shape_id: {k: int(v) for k, v in parse_spec(a.spec).items()}
                for a in goldens.anchors() if a.gpu == card.name}
     return card, bencher, anchors
+
+
+def shape_configs(shape_id: str, pool: list[dict[str, int]], first: list[dict[str, int]],
+                  n: int) -> list[dict[str, int]]:
+    """``first`` (the anchor, the heuristic: each once), then ``n`` configurations of ``pool``
+    drawn at random, seeded by the shape, from those not already in ``first``."""
+    from harness.points import make_spec
+
+    configs: list[dict[str, int]] = []
+    for c in first:
+        if make_spec(c) not in {make_spec(x) for x in configs}:
+            configs.append(c)
+    taken = {make_spec(c) for c in configs}
+    rest = [c for c in pool if make_spec(c) not in taken]
+    return configs + random.Random(shape_id).sample(rest, max(0, min(n, len(rest))))

@@ -16,11 +16,9 @@ first (the Bencher's check); a failure is printed, a wrong result also counted.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import triton.testing
-    from _live import live_setup
+    from _live import live_setup, shape_configs
 
     from harness import goldens, shipped
     from harness import kinds as registry
@@ -60,12 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         kind = registry.get(g.kind)
         pool = kind.enumerate(g.shape, card)
-        configs: list[dict[str, Any]] = []
-        if g.shape_id in anchors:
-            configs.append(anchors[g.shape_id])
+        first = [anchors[g.shape_id]] if g.shape_id in anchors else []
         if (h := shipped.heuristic(g.kind, g.shape, card)) is not None:
-            configs.append(h)
-        configs += random.Random(g.shape_id).sample(pool, min(args.n, len(pool)))
+            first.append(h)
+        configs = shape_configs(g.shape_id, pool, first, args.n)
         seen: set[str] = set()
         best = {0: float("inf"), 1: float("inf")}
         inputs = kind.make_inputs(g.shape, "cuda", 0)  # do_bench's; the Bencher has its own

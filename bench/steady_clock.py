@@ -17,13 +17,11 @@ reference first; a failure is printed and left out.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--kind {k!r}; valid kinds: {', '.join(registry.names())}")
 
     import torch
-    from _live import live_setup
+    from _live import live_setup, shape_configs
 
     from harness import goldens
     from harness.cards import DEPLOYABLE
@@ -78,12 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         kind = registry.get(g.kind)
         pool = kind.enumerate(g.shape, card)
-        configs: list[dict[str, Any]] = []
-        if g.shape_id in anchors:
-            configs.append(anchors[g.shape_id])
-        rest = [c for c in pool if make_spec(c) not in {make_spec(x) for x in configs}]
-        configs += random.Random(g.shape_id).sample(rest, min(args.configs - len(configs),
-                                                               len(rest)))
+        first = [anchors[g.shape_id]] if g.shape_id in anchors else []
+        configs = shape_configs(g.shape_id, pool, first, args.configs - len(first))
         times: dict[str, list[tuple[float, float]]] = defaultdict(list)
         failed: set[str] = set()
         for rnd in range(args.rounds):
