@@ -35,13 +35,15 @@ def live_setup() -> tuple[Any, Any, dict[str, dict[str, int]]] | None:
 
 
 def shape_configs(shape_id: str, pool: list[dict[str, int]], first: list[dict[str, int]],
-                  n: int) -> list[dict[str, int]]:
-    """``first`` (the anchor, the heuristic: each once), then ``n`` configurations of ``pool``
-    drawn at random, seeded by the shape, from those not already in ``first``."""
+                  n: int, space: dict[str, list[Any]]) -> list[dict[str, int]]:
+    """``first`` (the anchor, the heuristic: each once, its missing knobs at their first value
+    in ``space``, the kind's knob space), then ``n`` configurations of ``pool`` drawn at
+    random, seeded by the shape, from those not already in ``first``."""
+    from harness.kinds.base import completed
     from harness.points import make_spec
 
     configs: list[dict[str, int]] = []
-    for c in first:
+    for c in (completed(c, space) for c in first):
         if make_spec(c) not in {make_spec(x) for x in configs}:
             configs.append(c)
     taken = {make_spec(c) for c in configs}

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         first = [anchors[g.shape_id]] if g.shape_id in anchors else []
         if (h := shipped.heuristic(g.kind, g.shape, card)) is not None:
             first.append(h)
-        configs = shape_configs(g.shape_id, pool, first, args.n)
+        configs = shape_configs(g.shape_id, pool, first, args.n,
+                                 kind.knob_space(g.shape, card))
         seen: set[str] = set()
         best = {0: float("inf"), 1: float("inf")}
         inputs = kind.make_inputs(g.shape, "cuda", 0)  # do_bench's; the Bencher has its own

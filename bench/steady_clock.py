@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         kind = registry.get(g.kind)
         pool = kind.enumerate(g.shape, card)
         first = [anchors[g.shape_id]] if g.shape_id in anchors else []
-        configs = shape_configs(g.shape_id, pool, first, args.configs - len(first))
+        configs = shape_configs(g.shape_id, pool, first, args.configs - len(first),
+                                 kind.knob_space(g.shape, card))
         times: dict[str, list[tuple[float, float]]] = defaultdict(list)
         failed: set[str] = set()
         for rnd in range(args.rounds):

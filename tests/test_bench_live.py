@@ -9,16 +9,20 @@ from harness.points import make_spec
 
 def test_a_shapes_configurations_put_the_given_first_once_then_a_seeded_draw_of_the_rest() -> None:
     live = load("_live")
-    pool = [{"BLOCK": b, "WARPS": w} for b in (32, 64, 128) for w in (1, 2, 4, 8)]
-    anchor, heuristic = {"BLOCK": 64, "WARPS": 4}, {"BLOCK": 128, "WARPS": 8}
-    got = live.shape_configs("softmax/m16", pool, [anchor, anchor, heuristic], 5)
+    space = {"BLOCK": [32, 64, 128], "WARPS": [1, 2, 4, 8], "EVICT": [0, 1]}
+    pool = [{"BLOCK": b, "WARPS": w, "EVICT": e} for b in (32, 64, 128) for w in (1, 2, 4, 8)
+            for e in (0, 1)]
+    anchor, heuristic = {"BLOCK": 64, "WARPS": 4, "EVICT": 0}, {"BLOCK": 128, "WARPS": 8, "EVICT": 1}
+    # an anchor recorded before EVICT existed is the same configuration as its EVICT=0 twin
+    got = live.shape_configs("softmax/m16", pool, [anchor, {"BLOCK": 64, "WARPS": 4}, heuristic],
+                             5, space)
     specs = [make_spec(c) for c in got]
     assert got[:2] == [anchor, heuristic]
-    assert len(got) == 7 and len(set(specs)) == 7
+    assert len(got) == 7 and len(set(specs)) == 7  # the old anchor is not measured twice
     assert all(c in pool for c in got)
     # the draw is the shape's: the same again, another shape's another
-    assert live.shape_configs("softmax/m16", pool, [anchor, heuristic], 5) == got
-    assert live.shape_configs("softmax/m512", pool, [anchor, heuristic], 5) != got
+    assert live.shape_configs("softmax/m16", pool, [anchor, heuristic], 5, space) == got
+    assert live.shape_configs("softmax/m512", pool, [anchor, heuristic], 5, space) != got
     # more asked for than the pool holds: each configuration once
-    every = live.shape_configs("softmax/m16", pool, [anchor], 100)
+    every = live.shape_configs("softmax/m16", pool, [anchor], 100, space)
     assert sorted(map(make_spec, every)) == sorted(map(make_spec, pool))

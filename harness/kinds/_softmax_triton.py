@@ -11,7 +11,9 @@ from harness.kinds._rows_triton import load_tile
 @triton.jit
 def _row_stats(x_ptr, rows, rmask, stride_xm, lo, hi, BLOCK_N: tl.constexpr,
                ROWS: tl.constexpr, POLICY: tl.constexpr):
-    """The running max and sum of exponentials of columns ``[lo, hi)`` of ``rows``."""
+    """The running max and sum of exponentials of columns ``[lo, hi)`` of ``rows``.  Until a
+    row meets a finite value its max is -inf and its sum 0 (the exponentials are taken against
+    0 then, not -inf: a masked block or a masked split adds nothing instead of a NaN)."""
     cols0 = tl.arange(0, BLOCK_N)
     m = tl.full((ROWS,), float("-inf"), tl.float32)
     s = tl.zeros((ROWS,), tl.float32)
@@ -21,7 +23,8 @@ def _row_stats(x_ptr, rows, rmask, stride_xm, lo, hi, BLOCK_N: tl.constexpr,
         x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, float("-inf"),
                       POLICY).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, 1))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), 1)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_sub) + tl.sum(tl.exp(x - m_sub[:, None]), 1)
         m = m_new
     return m, s
 

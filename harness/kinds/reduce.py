@@ -59,7 +59,8 @@ class Reduce(Kind):
             return "block wider than the row"
         chunk, used = split_chunk(n, bn, split)
         if used < split:
-            return f"SPLIT={split} leaves splits without a full block of the row"
+            return (f"SPLIT={split} leaves {split - used} of its programs no columns "
+                    f"(a program takes whole blocks of BLOCK_N={bn})")
         if stages > 1 and chunk <= bn:
             return "one block per program has no loop to pipeline"
         if self.is_interpret(card):

@@ -56,7 +56,8 @@ class Softmax(Kind):
                 return "one pass holds the whole row in one program"
             chunk, used = split_chunk(shape["N"], bn, split)
             if used < split:
-                return f"SPLIT={split} leaves splits without a full block of the row"
+                return (f"SPLIT={split} leaves {split - used} of its programs no columns "
+                        f"(a program takes whole blocks of BLOCK_N={bn})")
             if knobs["num_stages"] > 1 and chunk <= bn:
                 return "one block per program has no loop to pipeline"
         if self.is_interpret(card):

@@ -209,8 +209,9 @@ def _rows(kind: str, f: Mapping[str, Any], k: Mapping[str, Any], card: _Card, el
     launches = 2 if used > 1 else 1  # a split reduction folds its partials in a second launch
     dram = nbytes
     if passes == 2:
-        # The second pass re-reads the input; what the resident programs hold fits in L2.
-        live = min(programs, card.sm * 4) * rows * n * elem
+        # The second pass re-reads the input; what the resident programs hold fits in L2
+        # (a program of a split row holds its chunk of the row).
+        live = min(programs, card.sm * 4) * rows * min(chunk, n) * elem
         dram += m * n * elem * (0.3 if card.l2 and live < card.l2 else 1.0)
     if used > 1:
         dram += 2.0 * 4 * m * used

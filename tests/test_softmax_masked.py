@@ -1,0 +1,50 @@
+"""softmax over masked logits (whole blocks of -inf, as a vocabulary or causal mask leaves
+them): every path gives torch's result, however the row is dealt to blocks and programs.
+
+The kernels run under Triton's CPU interpreter in a subprocess (Triton reads
+``TRITON_INTERPRET`` when it is imported)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SCRIPT = r"""
+import json, torch
+from harness import kinds
+kind = kinds.get("softmax")
+shape = {"M": 3, "N": 256, "dtype": "fp32"}
+x = torch.randn(3, 256) * 3
+x[0, :64] = float("-inf")      # the first block of the row
+x[1, 64:192] = float("-inf")   # whole middle blocks, a whole split of two
+x[2, 128:] = float("-inf")     # the last half: the second split of two
+ref = torch.softmax(x, dim=-1)
+base = {"BLOCK_N": 64, "ROWS": 1, "ONE_PASS": 0, "SPLIT": 1, "num_warps": 1,
+        "num_stages": 1, "EVICT": 0}
+cases = [{}, {"ROWS": 2}, {"SPLIT": 2}, {"SPLIT": 4}, {"SPLIT": 2, "ROWS": 4},
+         {"BLOCK_N": 256, "ONE_PASS": 1}, {"EVICT": 1, "SPLIT": 2}]
+bad = []
+for c in cases:
+    knobs = {**base, **c}
+    out = torch.full_like(x, float("nan"))
+    kind.prepare(knobs, shape, {"x": x, "out": out}).run()
+    ok = bool(torch.allclose(out, ref, atol=1e-6, rtol=1e-5))
+    if not ok:
+        bad.append({"knobs": c, "nan_rows": [i for i in range(3) if out[i].isnan().any()]})
+print(json.dumps({"cases": len(cases), "bad": bad}))
+"""
+
+
+def test_masked_blocks_of_a_row_give_torchs_softmax_on_every_path() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["cases"] == 7
+    assert got["bad"] == []
