@@ -330,7 +330,8 @@ def test_realizability_rules() -> None:
     red = registry.get("reduce")
     logits = {"M": 16, "N": 128256, "op": "max", "dtype": "fp32"}
     split = {"BLOCK_N": 16384, "ROWS": 1, "SPLIT": 16, "num_warps": 16, "num_stages": 1}
-    assert "leaves splits" in red.unrealizable(split, logits, h100)
+    # 128256 columns in whole blocks of 16384: 8 programs get columns, 8 none
+    assert "SPLIT=16 leaves 8 of its programs no columns" in red.unrealizable(split, logits, h100)
     assert red.unrealizable(dict(split, SPLIT=8), logits, h100) is None
     assert "register" in red.unrealizable(dict(split, SPLIT=8, ROWS=4), logits, h100)
 
@@ -340,7 +341,8 @@ def test_realizability_rules() -> None:
              "num_stages": 1, "EVICT": 0}
     assert sm.unrealizable(split, vocab, h100) is None
     assert "whole row" in sm.unrealizable(dict(split, ONE_PASS=1), vocab, h100)
-    assert "leaves splits" in sm.unrealizable(dict(split, BLOCK_N=16384), vocab, h100)
+    assert "SPLIT=16 leaves 8 of its programs no columns" in sm.unrealizable(
+        dict(split, BLOCK_N=16384), vocab, h100)
     assert "no loop to pipeline" in sm.unrealizable(dict(split, num_stages=2), vocab, h100)
     scores = {"M": 65536, "N": 2048, "dtype": "bf16"}
     assert "fill the 132 SMs" in sm.unrealizable(dict(split, BLOCK_N=128, SPLIT=2), scores, h100)
