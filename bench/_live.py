@@ -43,9 +43,10 @@ def shape_configs(shape_id: str, pool: list[dict[str, int]], first: list[dict[st
     from harness.points import make_spec
 
     configs: list[dict[str, int]] = []
+    taken: set[str] = set()
     for c in (completed(c, space) for c in first):
-        if make_spec(c) not in {make_spec(x) for x in configs}:
+        if make_spec(c) not in taken:
+            taken.add(make_spec(c))
             configs.append(c)
-    taken = {make_spec(c) for c in configs}
     rest = [c for c in pool if make_spec(c) not in taken]
     return configs + random.Random(shape_id).sample(rest, max(0, min(n, len(rest))))
