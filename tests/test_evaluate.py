@@ -338,6 +338,15 @@ def test_roofline_ranks_within_a_shape_by_the_knobs() -> None:
     one = RooflinePrior().score([_row({**knobs, "ONE_PASS": 1}, 1.0, kind="softmax", shape=sm)])
     two = RooflinePrior().score([_row({**knobs, "ONE_PASS": 0}, 1.0, kind="softmax", shape=sm)])
     assert one[0] < two[0]
+    # a split row: 256 programs each hold a chunk of 8192 columns (8.4 MB together), so the
+    # second pass re-reads from L2 (0.3 of the input again), plus the partials' 8 B a chunk
+    vocab = {"M": 16, "N": 128256, "dtype": "fp32"}
+    split = {"BLOCK_N": 8192, "ROWS": 1, "ONE_PASS": 0, "SPLIT": 16, "num_warps": 16,
+             "num_stages": 1}
+    est = estimate(_row(split, 1.0, kind="softmax", shape=vocab)["features"])
+    m_n_bytes = 16 * 128256 * 4
+    assert est["R_programs"] == 256
+    assert est["R_dram_bytes"] == pytest.approx(2 * m_n_bytes + 0.3 * m_n_bytes + 8 * 16 * 16)
 
 
 def _synthetic(card: Any, ms: Sequence[int], per_shape: int = 40, seed: int = 0) -> list[dict]:
