@@ -17,7 +17,6 @@ def live_setup() -> tuple[Any, Any, dict[str, dict[str, int]]] | None:
     from harness.box.bench import Bencher
     from harness.cards import canonicalize
     from harness.contract import ToolsSpec
-    from harness.points import parse_spec
 
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -29,9 +28,22 @@ def live_setup() -> tuple[Any, Any, dict[str, dict[str, int]]] | None:
     o = ToolsSpec()
     bencher = Bencher("cuda", o.warmup, o.iters, max_cv=o.max_cv, remeasure=o.remeasure)
     bencher.start()
-    anchors = {a.shape_id: {k: int(v) for k, v in parse_spec(a.spec).items()}
-               for a in goldens.anchors() if a.gpu == card.name}
-    return card, bencher, anchors
+    return card, bencher, card_anchors(card.name, goldens.anchors())
+
+
+def card_anchors(card_name: str, anchors: list[Any]) -> dict[str, dict[str, int]]:
+    """{shape_id: knobs} of the card's anchors; where a shape has several (a measured one
+    and one taken from vLLM's tuned configs, which has no time), the measured one."""
+    from harness.points import parse_spec
+
+    taken: dict[str, Any] = {}
+    for a in anchors:
+        if a.gpu != card_name:
+            continue
+        held = taken.get(a.shape_id)
+        if held is None or (held.value_us is None and a.value_us is not None):
+            taken[a.shape_id] = a
+    return {sid: {k: int(v) for k, v in parse_spec(a.spec).items()} for sid, a in taken.items()}
 
 
 def shape_configs(shape_id: str, pool: list[dict[str, int]], first: list[dict[str, int]],

@@ -26,3 +26,16 @@ def test_a_shapes_configurations_put_the_given_first_once_then_a_seeded_draw_of_
     # more asked for than the pool holds: each configuration once
     every = live.shape_configs("softmax/m16", pool, [anchor], 100, space)
     assert sorted(map(make_spec, every)) == sorted(map(make_spec, pool))
+
+
+def test_a_cards_anchor_is_its_measured_one_where_vllms_config_is_there_too() -> None:
+    live = load("_live")
+    from harness.goldens import Anchor
+
+    measured = Anchor("NVIDIA H100 80GB", "matmul", "m", "BLOCK_M=128,TMA=1", 12.5, "bench-1")
+    vllm = Anchor("NVIDIA H100 80GB", "matmul", "m", "BLOCK_M=64", None, "github.com/vllm")
+    other = Anchor("NVIDIA H200 141GB", "matmul", "m", "BLOCK_M=32", 9.0, "bench-2")
+    only_vllm = Anchor("NVIDIA H100 80GB", "matmul", "n", "BLOCK_M=16", None, "github.com/vllm")
+    for order in ([measured, vllm, other, only_vllm], [vllm, other, only_vllm, measured]):
+        assert live.card_anchors("NVIDIA H100 80GB", order) == {
+            "m": {"BLOCK_M": 128, "TMA": 1}, "n": {"BLOCK_M": 16}}
