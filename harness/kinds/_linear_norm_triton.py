@@ -11,13 +11,9 @@ from harness.kinds._gemm_triton import load_k_tile
 
 @triton.jit
 def rms_rows_kernel(y_ptr, ss_ptr, wn_ptr, M, N, n_parts, eps, stride_ym, stride_sm,
-                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
-    """Pass 2 of the tiled scheme: fold one row's partial sums, scale the row in place.
-    ``REVERSE``: the last rows first (the GEMM wrote them last, so they are still in L2)."""
-    if REVERSE:
-        row = M - 1 - tl.program_id(0)
-    else:
-        row = tl.program_id(0)
+                    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 2 of the tiled scheme: fold one row's partial sums, scale the row in place."""
+    row = tl.program_id(0)
     parts = tl.arange(0, BLOCK_P)
     ss = tl.sum(tl.load(ss_ptr + row * stride_sm + parts, mask=parts < n_parts, other=0.0), 0)
     rstd = tl.rsqrt(ss / N + eps)

@@ -42,9 +42,11 @@ from harness.kinds.base import (
 EPS = 1e-6
 
 
-def fold_config(m: int, n: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, REVERSE) of the tiled scheme's second launch, one program a row."""
-    return min(max(16, next_pow2(n)), 1024), 4, 0
+def fold_config(m: int, n: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of the tiled scheme's second launch, one program a row: the whole
+    row in one block up to 8192 columns, 8 warps from 2048 (``bench/linear_norm_fold.py``)."""
+    block = min(max(16, next_pow2(n)), 8192)
+    return block, 8 if block >= 2048 else 4
 
 
 class LinearNorm(Kind):
@@ -143,14 +145,13 @@ class LinearNorm(Kind):
         parts = cdiv(n, bn)
         ss = torch.empty(m, parts, device=x.device, dtype=torch.float32)
         fold_p = max(16, next_pow2(parts))
-        fold_n, fold_warps, fold_reverse = fold_config(m, n)
+        fold_n, fold_warps = fold_config(m, n)
         tiles = gemm_launch(knobs, x, w, out, ss=ss, epilogue=2)
 
         def launch_tiles() -> Any:
             handle = tiles()
             rms_rows_kernel[(m,)](out, ss, wn, m, n, parts, EPS, out.stride(0), ss.stride(0),
-                                  BLOCK_P=fold_p, BLOCK_N=fold_n, REVERSE=fold_reverse,
-                                  num_warps=fold_warps)
+                                  BLOCK_P=fold_p, BLOCK_N=fold_n, num_warps=fold_warps)
             return handle
 
         return Launch(run=launch_tiles, out=out)
