@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness import kinds as registry
 from harness import pools, shipped
 from harness.box.job import Allotment, Durable, JobStats, Scheduler
 from harness.box.probe import (
@@ -286,6 +287,7 @@ def make_row(point: pools.Point, res: dict[str, Any], info: dict[str, Any],
         "provenance": {"host": info.get("host"), "device_name": info.get("device_name"),
                        "gpu_uuid": gpu_uuid or info.get("gpu_uuid"), "lane": lane,
                        **info.get("versions", {}),
+                       "kernel_rev": registry.source_rev(point.kind),
                        "warmup": timing["warmup"], "iters": timing["iters"],
                        "max_cv": timing["max_cv"],
                        "cv": res.get("cv"), "remeasured": res.get("remeasured"),
@@ -604,8 +606,6 @@ class _Lanes:
     def __init__(self, cfg: JobConfig, tools: Tools, sched: Scheduler, time_: Allotment,
                  store: Durable, should_stop: Any, needs_run: Any, log: Any,
                  prefetch: Any = None, on_row: Any = None) -> None:
-        from harness import kinds as registry
-
         self.cfg, self.tools, self.sched, self.time_ = cfg, tools, sched, time_
         self.store, self.should_stop, self.needs_run, self.log = store, should_stop, needs_run, log
         self.kind = registry.get(cfg.kind)

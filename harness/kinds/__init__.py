@@ -6,9 +6,16 @@ in ``_MODULES``; nothing else in the harness names kinds.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import re
+from functools import cache
+from pathlib import Path
 
 from harness.kinds.base import Kind
+
+HERE = Path(__file__).resolve().parent
+_IMPORT = re.compile(r"harness\.kinds\.(\w+)")
 
 # kind name -> module under harness.kinds that defines KIND
 _MODULES: dict[str, str] = {
@@ -41,3 +48,26 @@ def get(name: str) -> Kind:
         mod = importlib.import_module(f"harness.kinds.{_MODULES[name]}")
         _cache[name] = mod.KIND
     return _cache[name]
+
+
+@cache
+def source_rev(name: str, root: Path = HERE) -> str:
+    """A short hash of the code a kind's rows are measured with: its module and every module
+    of ``harness.kinds`` it names, followed through the modules they name (``base`` names the
+    GEMM template, so every kind's hash covers it).  Rows carry it in their provenance, so
+    rows of one point measured before and after a kernel change can be told apart."""
+    if name not in _MODULES:
+        raise UnknownKindError(name)
+    seen: set[str] = set()
+    todo = [_MODULES[name]]
+    while todo:
+        mod = todo.pop()
+        if mod in seen or not (root / f"{mod}.py").is_file():
+            continue
+        seen.add(mod)
+        todo.extend(_IMPORT.findall((root / f"{mod}.py").read_text()))
+    digest = hashlib.sha256()
+    for mod in sorted(seen):
+        digest.update(f"{mod}\n".encode())
+        digest.update((root / f"{mod}.py").read_bytes())
+    return digest.hexdigest()[:12]

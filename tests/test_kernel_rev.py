@@ -1,0 +1,62 @@
+"""Each row names the revision of its kind's kernel code (``provenance.kernel_rev``): a hash
+of the kind's module and the modules of ``harness.kinds`` it reaches, so rows of one point
+measured before and after a kernel change can be told apart in the node table."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from harness import kinds
+from harness.rows import row_to_node
+
+KINDS_DIR = Path(kinds.__file__).resolve().parent
+
+
+def _revs(root: Path) -> dict[str, str]:
+    return {name: kinds.source_rev(name, root) for name in kinds.names()}
+
+
+def test_a_kernel_change_moves_the_revision_of_the_kinds_that_run_it_only(tmp_path: Path) -> None:
+    root = tmp_path / "kinds"
+    shutil.copytree(KINDS_DIR, root, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _revs(root)
+    assert before == _revs(KINDS_DIR)  # the same code, the same revision
+    assert all(re.fullmatch(r"[0-9a-f]{12}", r) for r in before.values())
+    assert len(set(before.values())) == len(before)  # each kind its own
+
+    def touched(module: str) -> set[str]:
+        path = root / f"{module}.py"
+        path.write_text(path.read_text() + f"\n# {module} changed\n")
+        kinds.source_rev.cache_clear()
+        after = _revs(root)
+        return {k for k in after if after[k] != before[k]}
+
+    # the fold kernel of linear_norm is linear_norm's alone
+    assert touched("_linear_norm_triton") == {"linear_norm"}
+    before = _revs(root)
+    # the row kinds' shared tile loader: the three row kinds, and norm_linear (its rms pass)
+    assert touched("_rows_triton") == {"reduce", "rms_norm", "softmax", "norm_linear"}
+    before = _revs(root)
+    # base names the GEMM template: a change there is every kind's
+    assert touched("_gemm_triton") == set(kinds.names())
+
+
+def test_the_row_carries_its_kinds_revision_into_the_node_table() -> None:
+    from harness import pools
+    from harness.box.runner import make_row
+    from harness.cards import INTERPRETER
+
+    point = pools.build(INTERPRETER, kinds=["softmax"]).points("own", "softmax")[0]
+    info = {"regime": "interpret", "cc": [0, 0], "host": "h", "versions": {"torch": "x"}}
+    row = make_row(point, {"status": "ok", "value_us": 3.5, "n_samples": 3}, info,
+                   INTERPRETER.features(), {"S_M": 1}, "bench-1",
+                   {"warmup": 1, "iters": 3, "max_cv": 0.05})
+    assert row["provenance"]["kernel_rev"] == kinds.source_rev("softmax")
+    node = row_to_node(json.loads(json.dumps(row)))
+    provenance = node["provenance"]
+    if isinstance(provenance, str):
+        provenance = json.loads(provenance)
+    assert provenance["kernel_rev"] == kinds.source_rev("softmax")
