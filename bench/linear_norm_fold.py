@@ -6,12 +6,12 @@ several block sizes and warp counts, each inside the whole tiled-scheme launch.
 For every golden linear_norm shape: the card's anchor, the shipped heuristic and ``--n``
 seeded random tiled configurations (``ROW_PROGRAM=0``) of the pool, each measured the
 harness's way (``Bencher.measure``: checked against the reference, then timed interleaved
-with it, L2 flushed) with each fold variant, in ``--rounds`` alternating rounds, and
-``torch.compile``'s kernel the same way once a round.  Times are taken at the shape's
-reference clock (harness/steady.py's ratio: a time over its interleaved reference's, times
-the shape's median reference).  Prints each variant over the current fold per configuration,
-and per shape ``torch.compile`` over the best configuration with each variant.  A failed
-check is printed and counted.
+with it, L2 flushed) with each fold variant, in ``--rounds`` rounds (the variants' order
+reversed every other round), and ``torch.compile``'s kernel the same way once a round.
+Times are taken at the shape's reference clock (harness/steady.py's ratio: a time over its
+interleaved reference's, times the shape's median reference).  Prints each variant over the
+current fold per configuration, and per shape ``torch.compile`` over the best configuration
+with each variant.  A failed check is printed and counted.
 
 ``--parts``: for the card's anchor of each shape, where the whole launch's time goes, by
 ``triton.testing.do_bench`` (median, L2 flushed) of the plain GEMM (the matmul kind's launch
@@ -84,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{g.shape_id}: folds " + ", ".join(f"{k}={f(m, n)}" for k, f in vs.items()))
         raw: dict[tuple[str, str], list[tuple[float, float]]] = {}
         comp: list[tuple[float, float]] = []
-        for _ in range(args.rounds):
+        for rnd in range(args.rounds):
             for knobs in configs:
-                for name, fold in vs.items():
+                # the variants in turn, the order reversed every other round
+                for name, fold in list(vs.items())[::(-1 if rnd % 2 else 1)]:
                     linear_norm.fold_config = fold
                     try:
                         res = bencher.measure({"kind": g.kind, "shape": g.shape, "knobs": knobs})

@@ -9,6 +9,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from harness import kinds
 from harness.rows import row_to_node
 
@@ -60,3 +62,11 @@ def test_the_row_carries_its_kinds_revision_into_the_node_table() -> None:
     if isinstance(provenance, str):
         provenance = json.loads(provenance)
     assert provenance["kernel_rev"] == kinds.source_rev("softmax")
+
+
+def test_a_kind_without_its_source_is_an_error_not_the_hash_of_nothing(tmp_path: Path) -> None:
+    (tmp_path / "base.py").write_text("# base\n")
+    with pytest.raises(FileNotFoundError, match="kind 'softmax': no source"):
+        kinds.source_rev("softmax", tmp_path)
+    with pytest.raises(KeyError, match="unknown kind 'nope'"):
+        kinds.source_rev("nope")

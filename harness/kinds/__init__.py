@@ -58,6 +58,8 @@ def source_rev(name: str, root: Path = HERE) -> str:
     rows of one point measured before and after a kernel change can be told apart."""
     if name not in _MODULES:
         raise UnknownKindError(name)
+    if not (root / f"{_MODULES[name]}.py").is_file():
+        raise FileNotFoundError(f"kind {name!r}: no source {root / _MODULES[name]}.py to hash")
     seen: set[str] = set()
     todo = [_MODULES[name]]
     while todo:
