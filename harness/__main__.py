@@ -172,6 +172,14 @@ def _add_goldens(subparsers: Any) -> None:
     r.set_defaults(func=_cmd_goldens_record)
 
 
+def _print_kernel_rev_notes(rows: Any) -> None:
+    """On stderr: the kinds whose rows were measured with other kernel code than this."""
+    from harness.kinds import kernel_rev_notes
+
+    for line in kernel_rev_notes(rows):
+        print(f"note: {line}", file=sys.stderr)
+
+
 def _cmd_goldens_record(args: argparse.Namespace) -> int:
     from harness.cards import UnknownCardError, by_alias
     from harness.goldens.record import record
@@ -191,6 +199,7 @@ def _cmd_goldens_record(args: argparse.Namespace) -> int:
         rows = steadied(rows)
     if not rows:
         raise CommandError(f"{db} has no deployable ok rows of {card.name}; nothing recorded")
+    _print_kernel_rev_notes(rows)
     path, n, changed = record(rows, card, args.out, keep_faster=args.keep_faster)
     print(f"anchors of {card.name}: {n} shapes in {path} ({changed} new or changed, from {len(rows)} ok rows)")
     return EXIT_OK
@@ -308,6 +317,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from harness.evaluate import compare_shipped, format_eval, to_json
 
     run = _run_eval(args)
+    _print_kernel_rev_notes(run.rows)
     versus = [e for e in compare_shipped(run.rows, run.blocks) if e.has_shipped]
     if args.json:
         print(json.dumps(to_json(run.blocks, db=str(args.db or default_db_path()),

@@ -724,3 +724,37 @@ def test_default_output_fits_a_screen_and_fits_go_to_stderr(
                              timeout=300)
     assert verbose.returncode == 0 and "misses best" in verbose.stdout
     assert len(verbose.stdout.splitlines()) > len(lines)
+
+
+def test_eval_and_record_say_when_rows_are_of_other_kernel_code(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    here = registry.source_rev("matmul")
+    rows = _simple([5.0, 2.0, 8.0, 4.0]) + _simple([1.0, 3.0, 2.0], m=128)
+    for i, row in enumerate(rows):
+        row["provenance"] = {"kernel_rev": here if i % 2 else "0123456789ab"}
+    rows[0]["provenance"] = {}  # a row from before kernel_rev
+    mixed = str(_db(tmp_path, rows, "mixed.db"))
+    code, _, err = _cli(capsys, "eval", "--db", mixed, "--prior", "oracle")
+    assert code == 0
+    (note,) = [line for line in err.splitlines() if line.startswith("note: matmul")]
+    assert note.startswith("note: matmul: rows of 3 kernel revisions (")
+    assert note.endswith(", 1 of no recorded revision); their times are ranked together")
+    assert "3 of 0123456789ab" in note and f"3 of this code ({here})" in note
+    code, _, err = _cli(capsys, "goldens", "record", "--db", mixed, "--gpu", "h200",
+                        "--out", str(tmp_path / "a.json"))
+    assert code == 0 and "note: matmul: rows of 3 kernel revisions" in err
+
+    for row in rows:
+        row["provenance"] = {"kernel_rev": "0123456789ab"}
+    old = str(_db(tmp_path, rows, "old.db"))
+    _, _, err = _cli(capsys, "eval", "--db", old, "--prior", "oracle")
+    assert (f"note: matmul: all 7 rows were measured with kernel revision 0123456789ab, not "
+            f"this code's ({here})") in err
+
+    # rows of this code only, or all from before kernel_rev: nothing to say
+    for revs, name in (({"kernel_rev": here}, "here.db"), ({}, "before.db")):
+        for row in rows:
+            row["provenance"] = dict(revs)
+        _, _, err = _cli(capsys, "eval", "--db", str(_db(tmp_path, rows, name)),
+                         "--prior", "oracle")
+        assert "kernel revision" not in err

@@ -9,8 +9,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from harness.kinds.base import Kind
 
@@ -73,3 +76,32 @@ def source_rev(name: str, root: Path = HERE) -> str:
         digest.update(f"{mod}\n".encode())
         digest.update((root / f"{mod}.py").read_bytes())
     return digest.hexdigest()[:12]
+
+
+def kernel_rev_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per kind whose rows were not all measured with the kernel code here: rows of
+    several ``kernel_rev`` values (or some without one), or all of one revision that is not
+    this code's.  Rows that all predate ``kernel_rev`` (none has one) say nothing."""
+    revs: dict[str, Counter[str | None]] = {}
+    for row in rows:
+        prov = row.get("provenance")
+        rev = prov.get("kernel_rev") if isinstance(prov, Mapping) else None
+        revs.setdefault(str(row.get("kind")), Counter())[rev] += 1
+    notes = []
+    for kind, counts in sorted(revs.items()):
+        if set(counts) == {None} or kind not in _MODULES:
+            continue
+        here = source_rev(kind)
+        if set(counts) == {here}:
+            continue
+        if len(counts) == 1:
+            (rev, n), = counts.items()
+            notes.append(f"{kind}: all {n} rows were measured with kernel revision {rev}, not "
+                         f"this code's ({here})")
+            continue
+        parts = [f"{n} of {'this code' if rev == here else rev or 'no recorded revision'}"
+                 + (f" ({rev})" if rev == here else "")
+                 for rev, n in sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))]
+        notes.append(f"{kind}: rows of {len(counts)} kernel revisions ({', '.join(parts)}); "
+                     "their times are ranked together")
+    return notes
