@@ -6,8 +6,8 @@ From the node table alone (no GPU): per shape, the best ok configuration's time,
 (``baseline=torch``: cuBLAS for the linears, SDPA for attention) over it and
 ``torch.compile``'s kernel (``baseline=compile``) over it (below 1: theirs is faster), and
 how many configurations failed; then per kind and phase (decode: M or batch rows of at most
-64, else prefill) the range of both ratios, their mean and on how many shapes ours is at least
-as fast.  Shapes without a baseline row show ``-``.  Every ratio is the harness's own
+64, else prefill; ``all``: both, where a kind has both) the range of both ratios, their mean
+and on how many shapes ours is at least as fast.  Shapes without a baseline row show ``-``.  Every ratio is the harness's own
 measurement of both sides, timed the same way in the same sweep, each at its shape's
 reference clock (harness/steady.py: a row's time over its interleaved reference's, times the
 shape's median reference time) unless ``--as-measured``.
@@ -76,11 +76,15 @@ def shape_lines(rows: Iterable[Mapping[str, Any]]) -> list[ShapeLine]:
 
 
 def kind_summary(lines: list[ShapeLine]) -> list[dict[str, Any]]:
-    """Per (kind, phase): shapes, and for torch and compile the min, max and mean of their
-    time over the best and the shapes where the best is at least as fast (ratio >= 1)."""
+    """Per (kind, phase), and per kind over both phases (``all``) where it has both: shapes,
+    and for torch and compile the min, max and mean of their time over the best and the
+    shapes where the best is at least as fast (ratio >= 1)."""
     groups: dict[tuple[str, str], list[ShapeLine]] = defaultdict(list)
     for ln in lines:
         groups[(ln.kind, ln.phase)].append(ln)
+    for kind in {k for k, _ in groups}:
+        if (kind, "decode") in groups and (kind, "prefill") in groups:
+            groups[(kind, "all")] = groups[(kind, "decode")] + groups[(kind, "prefill")]
     out = []
     for (kind, phase), ls in sorted(groups.items()):
         row: dict[str, Any] = {"kind": kind, "phase": phase, "shapes": len(ls)}

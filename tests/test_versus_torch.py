@@ -42,8 +42,12 @@ def test_each_shapes_best_against_what_a_user_runs_instead() -> None:
     assert (p1.best_us, p1.spec, p1.failed, p1.phase) == (80.0, "A=2", 1, "prefill")
     assert p1.torch == pytest.approx(1.1) and p1.compile == pytest.approx(0.95)
     assert lines["d1"].phase == "decode" and lines["d1"].compile is None
-    (decode, prefill) = vt.kind_summary(list(lines.values()))
+    (both, decode, prefill) = vt.kind_summary(list(lines.values()))
     assert (decode["phase"], decode["shapes"], decode["compile"]) == ("decode", 1, None)
+    assert (both["phase"], both["shapes"]) == ("all", 3)
+    assert both["compile"] == prefill["compile"]  # the decode shape has no compile baseline
+    assert both["torch"]["of"] == 3 and both["torch"]["ahead"] == 3
+    assert both["torch"]["mean"] == pytest.approx((1.1 + 1.1 + 1.2) / 3)
     assert prefill["compile"]["ahead"] == 1 and prefill["compile"]["of"] == 2
     assert prefill["compile"]["min"] == pytest.approx(0.95)
     assert prefill["torch"]["mean"] == pytest.approx((1.1 + 1.1) / 2)
