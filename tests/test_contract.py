@@ -236,7 +236,14 @@ def test_the_row_the_box_writes_is_the_row_the_merge_reads() -> None:
                    INTERPRETER.features(), {"S_M": 1}, "bench-1",
                    {"warmup": 1, "iters": 3, "max_cv": 0.05})
     assert set(row) == set(ROW_FIELDS)
-    row_to_node(json.loads(json.dumps(row)))  # the merge takes it as it is
+    node = row_to_node(json.loads(json.dumps(row)))  # the merge takes it as it is
+    # the revision of the kind's kernel code rides along into the node table
+    from harness.kinds import source_rev
+
+    assert row["provenance"]["kernel_rev"] == source_rev("softmax")
+    provenance = node["provenance"]
+    provenance = json.loads(provenance) if isinstance(provenance, str) else provenance
+    assert provenance["kernel_rev"] == source_rev("softmax")
     for key in contract.REQUIRED_ROW_KEYS:
         broken = {k: v for k, v in row.items() if k != key}
         with pytest.raises(ValueError, match=f"missing required keys: {key}"):

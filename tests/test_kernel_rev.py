@@ -1,10 +1,10 @@
 """Each row names the revision of its kind's kernel code (``provenance.kernel_rev``): a hash
 of the kind's module and the modules of ``harness.kinds`` it reaches, so rows of one point
-measured before and after a kernel change can be told apart in the node table."""
+measured before and after a kernel change can be told apart in the node table (that the row
+carries it there: tests/test_contract.py)."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from harness import kinds
-from harness.rows import row_to_node
 
 KINDS_DIR = Path(kinds.__file__).resolve().parent
 
@@ -44,24 +43,6 @@ def test_a_kernel_change_moves_the_revision_of_the_kinds_that_run_it_only(tmp_pa
     before = _revs(root)
     # base names the GEMM template: a change there is every kind's
     assert touched("_gemm_triton") == set(kinds.names())
-
-
-def test_the_row_carries_its_kinds_revision_into_the_node_table() -> None:
-    from harness import pools
-    from harness.box.runner import make_row
-    from harness.cards import INTERPRETER
-
-    point = pools.build(INTERPRETER, kinds=["softmax"]).points("own", "softmax")[0]
-    info = {"regime": "interpret", "cc": [0, 0], "host": "h", "versions": {"torch": "x"}}
-    row = make_row(point, {"status": "ok", "value_us": 3.5, "n_samples": 3}, info,
-                   INTERPRETER.features(), {"S_M": 1}, "bench-1",
-                   {"warmup": 1, "iters": 3, "max_cv": 0.05})
-    assert row["provenance"]["kernel_rev"] == kinds.source_rev("softmax")
-    node = row_to_node(json.loads(json.dumps(row)))
-    provenance = node["provenance"]
-    if isinstance(provenance, str):
-        provenance = json.loads(provenance)
-    assert provenance["kernel_rev"] == kinds.source_rev("softmax")
 
 
 def test_a_kind_without_its_source_is_an_error_not_the_hash_of_nothing(tmp_path: Path) -> None:
