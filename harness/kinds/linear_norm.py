@@ -44,7 +44,8 @@ EPS = 1e-6
 
 def fold_config(m: int, n: int) -> tuple[int, int]:
     """(BLOCK_N, num_warps) of the tiled scheme's second launch, one program a row: the whole
-    row in one block up to 8192 columns, 8 warps from 2048 (``bench/linear_norm_fold.py``)."""
+    row in one block up to 8192 columns, 8 warps once the block reaches 2048 columns
+    (``bench/linear_norm_fold.py``)."""
     block = min(max(16, next_pow2(n)), 8192)
     return block, 8 if block >= 2048 else 4
 
