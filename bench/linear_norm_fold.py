@@ -32,12 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def variants(next_pow2) -> dict[str, object]:
-    """(BLOCK_N, num_warps) of the fold by name; ``current`` is the kind's own."""
+    """(BLOCK_N, num_warps) of the fold by name; ``current`` is the kind's own (whole rows
+    at 8 warps on every golden shape), ``1k/4w`` the one before it."""
     return {
         "current": None,
         "1k/4w": lambda m, n: (min(max(16, next_pow2(n)), 1024), 4),
         "row/4w": lambda m, n: (max(16, next_pow2(n)), 4),
-        "row/8w": lambda m, n: (max(16, next_pow2(n)), 8),
         "row/16w": lambda m, n: (max(16, next_pow2(n)), 16),
         "2k/8w": lambda m, n: (min(max(16, next_pow2(n)), 2048), 8),
     }
