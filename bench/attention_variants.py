@@ -1,6 +1,6 @@
-"""Two reorderings of the attention kernel's TMA path, side by side with it and with SDPA.
+"""Reorderings of the attention kernel's TMA path, side by side with it and with SDPA.
 
-    python bench/attention_variants.py [--shapes TEXT]          # on a GPU: check, time
+    python bench/attention_variants.py [--shapes TEXT] [--variants kernel,gluon]   # on a GPU
     TRITON_INTERPRET=1 python bench/attention_variants.py --check-only --tiny   # on the CPU
 
 The kernel of ``harness/kinds/_attention_triton.py`` computes, per key/value block, the
@@ -13,10 +13,15 @@ another order):
   loop carries them), so the tensor cores compute ``Q K_{j+1}^T`` while the softmax of block
   ``j`` runs (one block's scores more per row: the last iteration's are discarded);
 - ``halves``: the program's BLOCK_M query rows as two halves that share every K and V tile:
-  the scores of the second half are asked for before the softmax of the first.
+  the scores of the second half are asked for before the softmax of the first;
+- ``gluon``: the kind's Gluon kernel (``GLUON=1``, harness/kinds/_attention_gluon.py), whose
+  warpgroup MMAs are issued so that the softmax of block ``j`` runs while ``P_{j-1} V_{j-1}``
+  is on the tensor cores (its own tiles: one warpgroup per 64 query rows, ``num_stages`` its
+  K/V ring).
 
-Blocks wholly below the diagonal (and inside the sequence) take the variant's loop; the
-diagonal band and the ragged end go through the kernel's own masked loop, as in the kernel.
+In ``ahead`` and ``halves`` the blocks wholly below the diagonal (and inside the sequence)
+take the variant's loop; the diagonal band and the ragged end go through the kernel's own
+masked loop, as in the kernel.
 Every configuration is checked against the fp32 reference before it is timed with
 ``triton.testing.do_bench`` (median, L2 flushed between calls), beside SDPA and the kernel's
 own TMA path on the same tiles. ``--check-only`` checks without timing; ``--tiny`` takes small
@@ -40,10 +45,12 @@ import triton.language as tl  # noqa: E402
 
 from harness.kinds._attention_triton import _attend, block_bounds  # noqa: E402
 
-VARIANTS = ("kernel", "ahead", "halves")
+VARIANTS = ("kernel", "ahead", "halves", "gluon")
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 4, 2), (64, 64, 4, 3),
          (128, 32, 4, 4)]
+GLUON_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (128, 64, 8, 2),
+               (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2)]
 TINY_SHAPES = [{"batch": 1, "heads": 2, "seq": 80, "head_dim": 16, "causal": c, "dtype": "fp16"}
                for c in (0, 1)]
 TINY_TILES = [(32, 16, 1, 1), (32, 32, 1, 1)]
@@ -150,8 +157,9 @@ def launch_of(variant: str, shape: dict[str, Any], knobs: dict[str, Any],
     """A no-argument launch of ``variant`` on ``inputs`` (the kind's own for ``kernel``)."""
     from harness import kinds as registry
 
-    if variant == "kernel":
-        return registry.get("attention").prepare({**knobs, "TMA": 1}, shape, inputs).run
+    if variant in ("kernel", "gluon"):
+        return registry.get("attention").prepare(
+            {**knobs, "TMA": 1, "GLUON": int(variant == "gluon")}, shape, inputs).run
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, d = knobs["BLOCK_M"], knobs["BLOCK_N"], shape["head_dim"]
@@ -173,10 +181,20 @@ def launch_of(variant: str, shape: dict[str, Any], knobs: dict[str, Any],
     return run
 
 
+@functools.cache
+def _live_card() -> Any:
+    from harness.box.probe import probe
+    from harness.cards import card_from_probe
+
+    return card_from_probe(probe())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="", help="only golden shape ids containing this text")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
     ap.add_argument("--check-only", action="store_true", help="check every variant, time none")
     ap.add_argument("--tiny", action="store_true",
                     help="small ragged shapes and tiles (the CPU interpreter runs them)")
@@ -191,6 +209,13 @@ def main(argv: list[str] | None = None) -> int:
 
     kind = registry.get("attention")
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"--variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
+    if device == "cpu" and "gluon" in variants:
+        print("gluon: skipped (the Gluon kernel runs on a GPU of compute capability 9.0+ only)")
+        variants.remove("gluon")
     if args.tiny:
         shapes, tiles = [(f"tiny_causal{s['causal']}", s) for s in TINY_SHAPES], TINY_TILES
     else:
@@ -209,12 +234,15 @@ def main(argv: list[str] | None = None) -> int:
 
             sdpa_us = 1e3 * do_bench(functools.partial(kind.reference, shape, inputs),
                                      return_mode="median")
-        for variant in VARIANTS:
+        for variant in variants:
             best: tuple[float, str] | None = None
             wrong = checked = 0
-            for bm, bn, warps, stages in tiles:
+            for bm, bn, warps, stages in (GLUON_TILES if variant == "gluon" else tiles):
                 knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
                 if bn > shape["seq"] or bm > max(16, triton.next_power_of_2(shape["seq"])):
+                    continue
+                if variant == "gluon" and kind.unrealizable(
+                        {**knobs, "TMA": 1, "GLUON": 1}, shape, _live_card()):
                     continue
                 run = launch_of(variant, shape, knobs, inputs)
                 inputs["out"].fill_(float("nan"))
@@ -243,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append((variant, best[0] / sdpa_us))
                 print(f"{shape_id[:52]:52} {variant:7} {best[0]:9.1f} {best[0] / sdpa_us:9.3f} "
                       f"{wrong:5d}  {best[1]}")
-    for variant in VARIANTS:
+    for variant in variants:
         xs = [r for v, r in lines if v == variant]
         if xs:
             print(f"{variant}: best over SDPA median {statistics.median(xs):.3f} "

@@ -5,8 +5,11 @@ Queries and keys have the same length and every head has its own K/V (the kernel
 head is the same under grouped-query attention; only K/V reuse across heads differs).
 
 On cards of compute capability 9.0 and later the pool adds ``TMA`` (the tiles move through
-tensor descriptors, harness/kinds/_attention_triton.py); an older card's pool and
-configuration keys are what they were, and a configuration without the knob means ``TMA=0``.
+tensor descriptors, harness/kinds/_attention_triton.py) and ``GLUON`` (1: the Gluon kernel of
+harness/kinds/_attention_gluon.py, whose softmax overlaps the tensor cores; it always moves
+its tiles by TMA, so it runs at ``TMA=1`` only, one warpgroup per 64 query rows, and
+``num_stages`` is its K/V ring); an older card's pool and configuration keys are what they
+were, and a configuration without a knob means it at 0.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
-    monotone = ("TMA",)
+    monotone = ("TMA", "GLUON")
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
@@ -43,6 +46,7 @@ class Attention(Kind):
                                        "BLOCK_N": [16, 32, 64, 128, 256]}
         if card.cc >= (9, 0):
             space["TMA"] = [0, 1]
+            space["GLUON"] = [0, 1]
         return {**space, "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
@@ -55,11 +59,19 @@ class Attention(Kind):
             return "tile larger than the sequence"
         if knobs.get("TMA", 0) and not self.is_interpret(card) and card.cc < (9, 0):
             return f"TMA needs compute capability 9.0 or later; {card.name} has {card.cc}"
+        gluon = knobs.get("GLUON", 0)
+        if gluon:
+            why = self._gluon_misfit(knobs, shape, card)
+            if why:
+                return why
         if self.is_interpret(card):
             return None
         e = DTYPE_BYTES[shape["dtype"]]
-        # Q tile, plus K and V tiles for every pipeline stage
+        # Q tile, plus K and V tiles for every pipeline stage (and the Gluon kernel's two P
+        # tiles and its barriers)
         smem = (bm * d + 2 * max(1, stages) * bn * d) * e
+        if gluon:
+            smem += 2 * bm * bn * e + 1024
         if smem > card.smem_optin:
             return f"shared memory {smem} B > opt-in {card.smem_optin} B"
         # fp32 output accumulator and score tile per thread; past ~192 it spills heavily
@@ -68,6 +80,30 @@ class Attention(Kind):
             return f"accumulator and scores need {regs} registers per thread"
         if bm * d // (32 * warps) < 4:
             return "fewer than 4 accumulator elements per thread"
+        return None
+
+    def _gluon_misfit(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
+        """Why the Gluon kernel cannot run this configuration (None if it can)."""
+        bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]
+        if self.is_interpret(card):
+            return "the Gluon kernel does not run in the interpreter"
+        if card.cc < (9, 0):
+            return f"the Gluon kernel needs compute capability 9.0 or later; {card.name} has " \
+                   f"{card.cc}"
+        if not knobs.get("TMA", 0):
+            return "the Gluon kernel moves its tiles by TMA: it is measured at TMA=1"
+        if shape["dtype"] not in ("fp16", "bf16"):
+            return f"the Gluon kernel takes 16-bit inputs, not {shape['dtype']}"
+        if warps < 4:
+            return f"a warpgroup MMA needs 4 warps, not {warps}"
+        if bm != 16 * warps:
+            return f"the Gluon kernel gives each warp 16 query rows: BLOCK_M {bm} with " \
+                   f"{warps} warps"
+        if shape["seq"] % bm or shape["seq"] % bn:
+            return f"the Gluon kernel's 2-D views need seq {shape['seq']} to be a multiple " \
+                   f"of both tiles ({bm}, {bn})"
+        if knobs["num_stages"] < 2:
+            return "the Gluon kernel's K/V ring needs at least 2 stages"
         return None
 
     def flops(self, shape: Shape) -> float:
@@ -102,6 +138,8 @@ class Attention(Kind):
         return out.to(inputs["q"].dtype)
 
     def prepare(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        if knobs.get("GLUON", 0):
+            return self._prepare_gluon(knobs, shape, inputs)
         from harness.kinds._attention_triton import attention_kernel
 
         q, k, v, out = inputs["q"], inputs["k"], inputs["v"], inputs["out"]
@@ -128,6 +166,33 @@ class Attention(Kind):
                 HEAD_DIM=shape["head_dim"], BLOCK_M=bm, BLOCK_N=knobs["BLOCK_N"],
                 CAUSAL=bool(shape["causal"]), TMA=tma,
                 num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
+
+        return Launch(run=launch, out=out)
+
+    def _prepare_gluon(self, knobs: Knobs, shape: Shape, inputs: Mapping[str, Any]) -> Launch:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        from harness.kinds._attention_gluon import gluon_attention_kernel
+
+        q, k, v, out = inputs["q"], inputs["k"], inputs["v"], inputs["out"]
+        if not all(t.is_contiguous() for t in (q, k, v, out)):
+            raise ValueError("the Gluon kernel needs contiguous Q, K, V and output")
+        bm, bn, d, seq = knobs["BLOCK_M"], knobs["BLOCK_N"], shape["head_dim"], shape["seq"]
+        rows = shape["batch"] * shape["heads"] * seq
+        gl_dtype = {"fp16": gl.float16, "bf16": gl.bfloat16}[shape["dtype"]]
+        descs = []
+        for t, block in ((q, bm), (k, bn), (v, bn), (out, bm)):
+            layout = gl.NVMMASharedLayout.get_default_for([block, d], gl_dtype)
+            descs.append(TensorDescriptor.from_tensor(t.view(rows, d), [block, d], layout))
+        grid = (cdiv(seq, bm), shape["batch"] * shape["heads"])
+        qk_scale = d ** -0.5 * 1.4426950408889634  # exp2 instead of exp
+
+        def launch() -> Any:
+            return gluon_attention_kernel[grid](
+                *descs, qk_scale, seq, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
+                STAGES=knobs["num_stages"], CAUSAL=bool(shape["causal"]),
+                num_warps=knobs["num_warps"])
 
         return Launch(run=launch, out=out)
 

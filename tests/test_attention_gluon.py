@@ -1,0 +1,182 @@
+"""attention's Gluon kernel (``GLUON=1``, harness/kinds/_attention_gluon.py).
+
+Without a GPU: which configurations realize where, and the kernel compiled for compute
+capability 9.0 by the ptxas and nvdisasm Triton ships: no spills, and the softmax's
+exponentials sit between the wait for the scores and the wait for ``P V``, i.e. they overlap
+the tensor cores (the point of the kernel; ptxas undoes it when P is given in registers).
+On the device (``-m gpu``): every Gluon configuration of every golden attention shape, and of
+small shapes whose sequence is a multiple of 64 only, checked against the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness import goldens  # noqa: E402
+from harness import kinds as registry  # noqa: E402
+from harness.cards import DEPLOYABLE, INTERPRETER, by_alias  # noqa: E402
+from harness.points import make_spec  # noqa: E402
+
+KIND = registry.get("attention")
+SHAPE = {"batch": 1, "heads": 2, "seq": 2048, "head_dim": 128, "causal": True, "dtype": "bf16"}
+GLUON = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "TMA": 1, "GLUON": 1}
+# sequences a multiple of 64 (and of 128 or not), causal and not, both head dims
+SMALL = [{"batch": 2, "heads": 3, "seq": seq, "head_dim": d, "causal": causal, "dtype": dt}
+         for seq, d, causal, dt in ((192, 64, True, "bf16"), (192, 64, False, "fp16"),
+                                    (384, 128, True, "bf16"), (256, 128, False, "bf16"))]
+
+
+def test_the_gluon_kernel_realizes_only_where_it_can_run() -> None:
+    h100 = by_alias("h100")
+    assert KIND.unrealizable(GLUON, SHAPE, h100) is None
+    pool = KIND.enumerate(SHAPE, h100)
+    gluon = [k for k in pool if k.get("GLUON")]
+    assert gluon and len(gluon) < len(pool)
+    assert all(k["TMA"] == 1 and k["BLOCK_M"] == 16 * k["num_warps"] and k["num_stages"] >= 2
+               for k in gluon)
+    # the same tiles run by the Triton kernel stay in the pool
+    assert all({**k, "GLUON": 0} in pool for k in gluon)
+    for alias in ("a100", "l40s"):
+        assert not any("GLUON" in k for k in KIND.enumerate(SHAPE, by_alias(alias)))
+    why = {
+        "cc": KIND.unrealizable(GLUON, SHAPE, by_alias("a100")),
+        "interpreter": KIND.unrealizable(GLUON, SHAPE, INTERPRETER),
+        "pointers": KIND.unrealizable({**GLUON, "TMA": 0}, SHAPE, h100),
+        "fp32": KIND.unrealizable(GLUON, {**SHAPE, "dtype": "fp32"}, h100),
+        "rows": KIND.unrealizable({**GLUON, "BLOCK_M": 128}, SHAPE, h100),
+        "warps": KIND.unrealizable({**GLUON, "BLOCK_M": 32, "num_warps": 2}, SHAPE, h100),
+        "ragged": KIND.unrealizable(GLUON, {**SHAPE, "seq": 2000}, h100),
+        "ring": KIND.unrealizable({**GLUON, "num_stages": 1}, SHAPE, h100),
+        "smem": KIND.unrealizable({**GLUON, "num_stages": 3}, SHAPE, h100),
+    }
+    assert "9.0" in why["cc"] and "(8, 0)" in why["cc"]
+    assert "interpreter" in why["interpreter"]
+    assert "TMA=1" in why["pointers"]
+    assert "fp32" in why["fp32"]
+    assert "BLOCK_M 128 with 4 warps" in why["rows"]
+    assert "4 warps, not 2" in why["warps"]
+    assert "seq 2000" in why["ragged"] and "(64, 128)" in why["ragged"]
+    assert "2 stages" in why["ring"]
+    # Q 16 KiB + 3 stages of K and V 192 KiB + two P tiles 32 KiB: past the 227 KiB opt-in
+    assert "shared memory" in why["smem"]
+
+
+def _sass(config: tuple[int, int, int, int, int, bool], cache: Path) -> tuple[str, str]:
+    """(nvdisasm's SASS, cuobjdump's resource usage) of one configuration, compiled for
+    compute capability 9.0 in a subprocess with its own Triton cache."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import mangle_type
+from harness.kinds._attention_gluon import gluon_attention_kernel
+bm, bn, d, warps, stages, causal = {config!r}
+t = torch.empty(4096, d, dtype=torch.bfloat16, device="meta")
+sig = {{}}
+for name, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("o_desc", bm)):
+    layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
+    sig[name] = mangle_type(TensorDescriptor.from_tensor(t, [rows, d], layout))
+sig.update(qk_scale="fp32", SEQ="i32")
+const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, num_warps=warps)
+sig.update({{k: "constexpr" for k in const}})
+ck = triton.compile(GluonASTSource(gluon_attention_kernel, sig, const),
+                    target=GPUTarget("cuda", 90, 32), options={{"num_warps": warps}})
+sys.stdout.buffer.write(ck.asm["cubin"])
+"""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    cubin = cache / "k.cubin"
+    cubin.write_bytes(proc.stdout)
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], capture_output=True,
+                          text=True, check=True).stdout
+    usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(cubin)],
+                           capture_output=True, text=True, check=True).stdout
+    return sass, usage
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [(64, 128, 128, 4, 2, True), (128, 128, 128, 8, 2, False),
+                                    (64, 64, 64, 4, 3, False)])
+def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[int, ...],
+                                                      tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    bm, bn, _, warps, _, _ = config
+    sass, usage = _sass(config, tmp_path)
+    assert re.search(r"STACK:0 ", usage) and "LOCAL:0" in usage, usage
+    ops = re.findall(r"\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    # the loop's wait for the scores (one MMA group still in flight: P V), then for P V
+    first = next(i for i, (op, args) in enumerate(ops)
+                 if op == "WARPGROUP.DEPBAR.LE" and args.strip().endswith("0x1"))
+    second = next(i for i, (op, args) in enumerate(ops[first:], first)
+                  if op == "WARPGROUP.DEPBAR.LE" and args.strip().endswith("0x0"))
+    exps = sum(op == "MUFU.EX2" for op, _ in ops[first:second])
+    per_thread = bm * bn // (32 * warps)  # the scores one thread exponentiates per block
+    assert exps >= per_thread, (
+        f"{exps} of the block's {per_thread} exponentials per thread run while P V is on the "
+        f"tensor cores")
+
+
+@pytest.mark.gpu
+def test_every_gluon_configuration_matches_the_reference(capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """Every Gluon configuration of every golden attention shape, and a seeded eight of each
+    small shape's, compiled ahead on the box's cores and checked by the bench worker (the
+    check every sweep point passes before it is timed)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
+    from harness.box.bench import Bencher
+    from harness.box.compiler import CompilePool, default_workers
+    from harness.box.probe import probe
+    from harness.cards import card_from_probe
+
+    card = card_from_probe(probe())
+    if card.cc < (9, 0):
+        pytest.skip(f"{card.name} (compute capability {card.cc}) cannot run the Gluon kernel")
+    points: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    for g in goldens.shapes(DEPLOYABLE, kinds=["attention"]):
+        gluon = [k for k in KIND.enumerate(g.shape, card) if k.get("GLUON")]
+        assert gluon, f"{g.shape_id}: no Gluon configuration on {card.name}"
+        points += [(g.shape_id, g.shape, k) for k in gluon]
+    for i, shape in enumerate(SMALL):
+        gluon = [k for k in KIND.enumerate(shape, card) if k.get("GLUON")]
+        assert gluon, f"small{i}: no Gluon configuration on {card.name}"
+        points += [(f"small{i}", shape, k)
+                   for k in random.Random(i).sample(gluon, min(8, len(gluon)))]
+    compiler = CompilePool(default_workers(), target=("cuda", card.cc[0] * 10 + card.cc[1], 32))
+    for i, (_, shape, knobs) in enumerate(points):
+        compiler.submit(str(i), "attention", shape, knobs)
+    bencher = Bencher("cuda", 2, 5)
+    failures, lines = [], []
+    for i, (shape_id, shape, knobs) in enumerate(points):
+        compiler.wait(str(i), 600)
+        res = bencher.measure({"kind": "attention", "shape": shape, "knobs": knobs})
+        lines.append(f"{shape_id:58} {res['status']:10} {res['value_us'] or 0:9.1f} us  "
+                     f"{make_spec(knobs)}")
+        if res["status"] != "ok":
+            failures.append((shape_id, make_spec(knobs), res["status"], res["error"]))
+    with capsys.disabled():
+        print(f"\n{card.name}: {len(points)} Gluon configurations\n" + "\n".join(lines))
+    assert not failures, failures
