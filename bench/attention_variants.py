@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
     if device == "cpu" and "gluon" in variants:
-        print("gluon: skipped (the Gluon kernel runs on a GPU of compute capability 9.0+ only)")
+        print("gluon: skipped (it runs on a GPU of compute capability 9.0 or later)")
         variants.remove("gluon")
     if args.tiny:
         shapes, tiles = [(f"tiny_causal{s['causal']}", s) for s in TINY_SHAPES], TINY_TILES
