@@ -180,3 +180,28 @@ def test_every_gluon_configuration_matches_the_reference(capsys: pytest.CaptureF
     with capsys.disabled():
         print(f"\n{card.name}: {len(points)} Gluon configurations\n" + "\n".join(lines))
     assert not failures, failures
+
+
+@pytest.mark.slow
+def test_the_box_compiles_gluon_points_ahead_without_a_gpu(tmp_path: Path) -> None:
+    """The box's compile pool (``compile_point`` on ``meta`` inputs, the target given) builds
+    a Gluon point as it does a Triton one, so a sweep's Gluon points are compiled ahead too."""
+    pytest.importorskip("torch")
+    import json
+    import os
+
+    code = """
+import json, sys
+from harness.box.compiler import _warm, compile_point
+_warm(("cuda", 90, 32))
+shape, knobs = json.loads(sys.argv[1])
+print(json.dumps(compile_point("attention", shape, knobs)))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([SHAPE, GLUON])], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in answer, answer
+    assert any((tmp_path / "cache").rglob("gluon_attention_kernel.cubin"))
