@@ -36,7 +36,16 @@ SMALL = [{"batch": 2, "heads": 3, "seq": seq, "head_dim": d, "causal": causal, "
                                     (384, 128, True, "bf16"), (256, 128, False, "bf16"))]
 
 
-def test_the_gluon_kernel_realizes_only_where_it_can_run() -> None:
+@pytest.fixture
+def gluon_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(KIND), "gluon_in_pool", True)
+
+
+def test_the_pools_take_the_gluon_kernel_only_when_told() -> None:
+    assert not any("GLUON" in k for k in KIND.enumerate(SHAPE, by_alias("h100")))
+
+
+def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> None:
     h100 = by_alias("h100")
     assert KIND.unrealizable(GLUON, SHAPE, h100) is None
     pool = KIND.enumerate(SHAPE, h100)
@@ -69,6 +78,22 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run() -> None:
     assert "2 stages" in why["ring"]
     # Q 16 KiB + 3 stages of K and V 192 KiB + two P tiles 32 KiB: past the 227 KiB opt-in
     assert "shared memory" in why["smem"]
+
+
+def test_the_gluon_knob_is_monotone(gluon_pool: None) -> None:
+    """Trying ``GLUON=1`` only where ``GLUON=0`` realizes loses no configuration: the pool is
+    the realizable part of the whole knob product, in its order."""
+    import itertools
+
+    h100 = by_alias("h100")
+    for g in goldens.shapes(DEPLOYABLE, kinds=["attention"]):
+        space = KIND.knob_space(g.shape, h100)
+        assert "GLUON" in space
+        keys = list(space)
+        product = [dict(zip(keys, values, strict=True))
+                   for values in itertools.product(*(space[k] for k in keys))]
+        assert KIND.enumerate(g.shape, h100) == [
+            k for k in product if KIND.realizable(k, g.shape, h100)]
 
 
 def _sass(config: tuple[int, int, int, int, int, bool], cache: Path) -> tuple[str, str]:
@@ -139,8 +164,8 @@ def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[int, ...],
 
 
 @pytest.mark.gpu
-def test_every_gluon_configuration_matches_the_reference(capsys: pytest.CaptureFixture[str]
-                                                         ) -> None:
+def test_every_gluon_configuration_matches_the_reference(
+        gluon_pool: None, capsys: pytest.CaptureFixture[str]) -> None:
     """Every Gluon configuration of every golden attention shape, and a seeded eight of each
     small shape's, compiled ahead on the box's cores and checked by the bench worker (the
     check every sweep point passes before it is timed)."""

@@ -5,11 +5,15 @@ Queries and keys have the same length and every head has its own K/V (the kernel
 head is the same under grouped-query attention; only K/V reuse across heads differs).
 
 On cards of compute capability 9.0 and later the pool adds ``TMA`` (the tiles move through
-tensor descriptors, harness/kinds/_attention_triton.py) and ``GLUON`` (1: the Gluon kernel of
-harness/kinds/_attention_gluon.py, whose softmax overlaps the tensor cores; it always moves
-its tiles by TMA, so it runs at ``TMA=1`` only, one warpgroup per 64 query rows, and
-``num_stages`` is its K/V ring); an older card's pool and configuration keys are what they
-were, and a configuration without a knob means it at 0.
+tensor descriptors, harness/kinds/_attention_triton.py); an older card's pool and
+configuration keys are what they were, and a configuration without a knob means it at 0.
+
+``GLUON=1`` runs the Gluon kernel of harness/kinds/_attention_gluon.py instead, whose softmax
+overlaps the tensor cores (compute capability 9.0 and later; it always moves its tiles by
+TMA, so it runs at ``TMA=1`` only, one warpgroup per 64 query rows, and ``num_stages`` is its
+K/V ring).  ``prepare`` and ``unrealizable`` know it; the pool takes it only where
+:attr:`Attention.gluon_in_pool` is set, which waits for the kernel's reference check on a GPU
+(``pytest -m gpu tests/test_attention_gluon.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
     monotone = ("TMA", "GLUON")
+    # the Gluon kernel in the pool of cards of compute capability 9.0+ (see the docstring)
+    gluon_in_pool = False
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
@@ -46,7 +52,8 @@ class Attention(Kind):
                                        "BLOCK_N": [16, 32, 64, 128, 256]}
         if card.cc >= (9, 0):
             space["TMA"] = [0, 1]
-            space["GLUON"] = [0, 1]
+            if self.gluon_in_pool:
+                space["GLUON"] = [0, 1]
         return {**space, "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
