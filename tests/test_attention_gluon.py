@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT))
 from harness import goldens  # noqa: E402
 from harness import kinds as registry  # noqa: E402
 from harness.cards import DEPLOYABLE, INTERPRETER, by_alias  # noqa: E402
-from harness.points import make_spec  # noqa: E402
 
 KIND = registry.get("attention")
 SHAPE = {"batch": 1, "heads": 2, "seq": 2048, "head_dim": 128, "causal": True, "dtype": "bf16"}
@@ -169,39 +168,20 @@ def test_every_gluon_configuration_matches_the_reference(
     """Every Gluon configuration of every golden attention shape, and a seeded eight of each
     small shape's, compiled ahead on the box's cores and checked by the bench worker (the
     check every sweep point passes before it is timed)."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
-    from harness.box.bench import Bencher
-    from harness.box.compiler import CompilePool, default_workers
-    from harness.box.probe import probe
-    from harness.cards import card_from_probe
+    from tests.live_gpu import check_points, hopper_card
 
-    card = card_from_probe(probe())
-    if card.cc < (9, 0):
-        pytest.skip(f"{card.name} (compute capability {card.cc}) cannot run the Gluon kernel")
-    points: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    card = hopper_card("cannot run the Gluon kernel")
+    points: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = []
     for g in goldens.shapes(DEPLOYABLE, kinds=["attention"]):
         gluon = [k for k in KIND.enumerate(g.shape, card) if k.get("GLUON")]
         assert gluon, f"{g.shape_id}: no Gluon configuration on {card.name}"
-        points += [(g.shape_id, g.shape, k) for k in gluon]
+        points += [(g.shape_id, g.shape, "gluon", k) for k in gluon]
     for i, shape in enumerate(SMALL):
         gluon = [k for k in KIND.enumerate(shape, card) if k.get("GLUON")]
         assert gluon, f"small{i}: no Gluon configuration on {card.name}"
-        points += [(f"small{i}", shape, k)
+        points += [(f"small{i}", shape, "gluon", k)
                    for k in random.Random(i).sample(gluon, min(8, len(gluon)))]
-    compiler = CompilePool(default_workers(), target=("cuda", card.cc[0] * 10 + card.cc[1], 32))
-    for i, (_, shape, knobs) in enumerate(points):
-        compiler.submit(str(i), "attention", shape, knobs)
-    bencher = Bencher("cuda", 2, 5)
-    failures, lines = [], []
-    for i, (shape_id, shape, knobs) in enumerate(points):
-        compiler.wait(str(i), 600)
-        res = bencher.measure({"kind": "attention", "shape": shape, "knobs": knobs})
-        lines.append(f"{shape_id:58} {res['status']:10} {res['value_us'] or 0:9.1f} us  "
-                     f"{make_spec(knobs)}")
-        if res["status"] != "ok":
-            failures.append((shape_id, make_spec(knobs), res["status"], res["error"]))
+    lines, failures = check_points("attention", points, card)
     with capsys.disabled():
         print(f"\n{card.name}: {len(points)} Gluon configurations\n" + "\n".join(lines))
     assert not failures, failures

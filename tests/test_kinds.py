@@ -507,17 +507,9 @@ def test_every_copy_engine_path_matches_the_reference_on_every_golden_shape(
     subtiled epilogue) on every golden shape: seeded specs of the path's pool, checked against
     the fp32 reference by the bench worker (the check every sweep point passes before it is
     timed).  Attention also runs ragged sequences."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
-    from harness.box.bench import Bencher
-    from harness.box.probe import probe
-    from harness.cards import card_from_probe
+    from tests.live_gpu import check_points, hopper_card
 
-    card = card_from_probe(probe())
-    if card.cc < (9, 0):
-        pytest.skip(f"{card.name} (compute capability {card.cc}) has no TMA paths")
-    from harness.box.compiler import CompilePool, default_workers
+    card = hopper_card("has no TMA paths")
 
     kind = registry.get(kind_name)
     shapes = [(g.shape_id, g.shape) for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name])]
@@ -534,18 +526,7 @@ def test_every_copy_engine_path_matches_the_reference_on_every_golden_shape(
             points += [(shape_id, shape, path, knobs)
                        for knobs in rng.sample(on_path, min(per_path, len(on_path)))]
     # compiled ahead on the box's cores, as a sweep does
-    compiler = CompilePool(default_workers(), target=("cuda", card.cc[0] * 10 + card.cc[1], 32))
-    for i, (_, shape, _, knobs) in enumerate(points):
-        compiler.submit(str(i), kind_name, shape, knobs)
-    bencher = Bencher("cuda", 2, 5)
-    failures, lines = [], []
-    for i, (shape_id, shape, path, knobs) in enumerate(points):
-        compiler.wait(str(i), 600)
-        res = bencher.measure({"kind": kind_name, "shape": shape, "knobs": knobs})
-        lines.append(f"{shape_id:48} {path:24} {res['status']:10} "
-                     f"{res['value_us'] or 0:10.1f} us  {make_spec(knobs)}")
-        if res["status"] != "ok":
-            failures.append((shape_id, make_spec(knobs), res["status"], res["error"]))
+    lines, failures = check_points(kind_name, points, card)
     with capsys.disabled():
         print(f"\n{card.name}: {kind_name}\n" + "\n".join(lines))
     assert not failures, failures

@@ -47,6 +47,16 @@ def _softmax_step(s, m_i, l_i, qk_scale, start_m, j, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, stage, row):
+    """Ask TMA for the K and V blocks that start at ``row`` into ring buffer ``stage``; each
+    lands on its own barrier, so the scores need not wait for V."""
+    mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row, 0], k_bars.index(stage), k_smem.index(stage))
+    mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [row, 0], v_bars.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
 def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
@@ -86,12 +96,7 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
         if i < n_blocks:
-            mbarrier.expect(k_bars.index(i), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [head_row + i * BLOCK_N, 0],
-                                            k_bars.index(i), k_smem.index(i))
-            mbarrier.expect(v_bars.index(i), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [head_row + i * BLOCK_N, 0],
-                                            v_bars.index(i), v_smem.index(i))
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, head_row + i * BLOCK_N)
 
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -130,12 +135,8 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
         gl.thread_barrier()
         nxt = j - 1 + STAGES
         if nxt < n_blocks:
-            mbarrier.expect(k_bars.index(prev), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [head_row + nxt * BLOCK_N, 0],
-                                            k_bars.index(prev), k_smem.index(prev))
-            mbarrier.expect(v_bars.index(prev), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [head_row + nxt * BLOCK_N, 0],
-                                            v_bars.index(prev), v_smem.index(prev))
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev,
+                     head_row + nxt * BLOCK_N)
     last = n_blocks - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
