@@ -47,10 +47,12 @@ from harness.kinds._attention_triton import _attend, block_bounds  # noqa: E402
 
 VARIANTS = ("kernel", "ahead", "halves", "gluon")
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
-TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 4, 2), (64, 64, 4, 3),
+# the kernel's: every golden shape's best tile of the H100 sweeps among them (128x128 w8 s3,
+# 64x64 w4 s3, 128x64 w8 s3)
+TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3),
          (128, 32, 4, 4)]
-GLUON_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (128, 64, 8, 2),
-               (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2)]
+GLUON_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3),
+               (128, 128, 8, 2)]
 TINY_SHAPES = [{"batch": 1, "heads": 2, "seq": 80, "head_dim": 16, "causal": c, "dtype": "fp16"}
                for c in (0, 1)]
 TINY_TILES = [(32, 16, 1, 1), (32, 32, 1, 1)]
