@@ -14,10 +14,10 @@ another order):
   ``j`` runs (one block's scores more per row: the last iteration's are discarded);
 - ``halves``: the program's BLOCK_M query rows as two halves that share every K and V tile:
   the scores of the second half are asked for before the softmax of the first;
-- ``gluon``: the kind's Gluon kernel (``GLUON=1``, harness/kinds/_attention_gluon.py), whose
-  warpgroup MMAs are issued so that the softmax of block ``j`` runs while ``P_{j-1} V_{j-1}``
-  is on the tensor cores (its own tiles: one warpgroup per 64 query rows, ``num_stages`` its
-  K/V ring).
+- ``gluon``: the kind's Gluon kernel (``GLUON=1``, harness/kinds/_attention_gluon.py, compute
+  capability 9.x), whose warpgroup MMAs are issued so that the softmax of block ``j`` runs
+  while ``P_{j-1} V_{j-1}`` is on the tensor cores (its own tiles: one warpgroup per 64 query
+  rows, ``num_stages`` its K/V ring).
 
 In ``ahead`` and ``halves`` the blocks wholly below the diagonal (and inside the sequence)
 take the variant's loop; the diagonal band and the ragged end go through the kernel's own
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
     if device == "cpu" and "gluon" in variants:
-        print("gluon: skipped (it runs on a GPU of compute capability 9.0 or later)")
+        print("gluon: skipped (it runs on a GPU of compute capability 9.x)")
         variants.remove("gluon")
     if args.tiny:
         shapes, tiles = [(f"tiny_causal{s['causal']}", s) for s in TINY_SHAPES], TINY_TILES

@@ -21,4 +21,4 @@ def test_the_attention_variants_match_the_reference_in_the_interpreter() -> None
     for variant in ("kernel", "ahead", "halves"):
         assert r.stdout.count(f" {variant} ") == 2  # each tiny shape, causal and not
     # the Gluon kernel does not run in the interpreter: said, not counted as checked
-    assert "gluon: skipped (it runs on a GPU of compute capability 9.0 or later)" in r.stdout
+    assert "gluon: skipped (it runs on a GPU of compute capability 9.x)" in r.stdout

@@ -1,11 +1,12 @@
-"""A flash-attention forward kernel in Gluon for compute capability 9.0 (imported only on the box).
+"""A flash-attention forward kernel in Gluon for compute capability 9.x (imported only on the box).
 
 Hopper's instructions are spelled out instead of left to the compiler's pipeliner: Q, K and V
 move through TMA into shared memory (K and V in a ring of ``STAGES`` buffers, each with its own
 barrier), and the two products run as asynchronous warpgroup MMAs in the order that lets the
-softmax overlap the tensor cores.  Iteration ``j`` rescales the output, asks for block ``j``'s
-scores ``Q K_j^T`` and then for ``P_{j-1} V_{j-1}``, waits for the scores only and runs their
-softmax while ``P V`` is still on the tensor cores, then waits for it.  P reaches its MMA
+softmax overlap the tensor cores.  Iteration ``j`` asks for block ``j``'s scores ``Q K_j^T``,
+rescales the output, asks for ``P_{j-1} V_{j-1}``, waits for the scores only and runs their
+softmax while ``P V`` is still on the tensor cores, then waits for it.  Warpgroup MMAs are
+Hopper's: the kernel compiles for compute capability 9.x only.  P reaches its MMA
 through shared memory (two buffers, so the softmax of block ``j`` writes one while the MMA of
 block ``j - 1`` reads the other): given in registers, ptxas reuses the operand's registers for
 the softmax and waits for the MMA before it, which serializes the two again.

@@ -9,9 +9,9 @@ tensor descriptors, harness/kinds/_attention_triton.py); an older card's pool an
 configuration keys are what they were, and a configuration without a knob means it at 0.
 
 ``GLUON=1`` runs the Gluon kernel of harness/kinds/_attention_gluon.py instead, whose softmax
-overlaps the tensor cores (compute capability 9.0 and later; it always moves its tiles by
-TMA, so it runs at ``TMA=1`` only, one warpgroup per 64 query rows, and ``num_stages`` is its
-K/V ring).  ``prepare`` and ``unrealizable`` know it; the pool takes it only where
+overlaps the tensor cores (Hopper's warpgroup MMAs: compute capability 9.x only; it always
+moves its tiles by TMA, so it runs at ``TMA=1`` only, one warpgroup per 64 query rows, and
+``num_stages`` is its K/V ring).  ``prepare`` and ``unrealizable`` know it; the pool takes it only where
 :attr:`Attention.gluon_in_pool` is set, which waits for the kernel's reference check on a GPU
 (``pytest -m gpu tests/test_attention_gluon.py``).
 """
@@ -41,7 +41,7 @@ class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
     monotone = ("TMA", "GLUON")
-    # the Gluon kernel in the pool of cards of compute capability 9.0+ (see the docstring)
+    # the Gluon kernel in the pool of cards of compute capability 9.x (see the docstring)
     gluon_in_pool = False
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
@@ -64,13 +64,13 @@ class Attention(Kind):
             return f"head_dim {d} is not one of {HEAD_DIMS}"
         if bm > max(16, next_pow2(seq)) or bn > max(16, next_pow2(seq)):
             return "tile larger than the sequence"
-        if knobs.get("TMA", 0) and not self.is_interpret(card) and card.cc < (9, 0):
-            return f"TMA needs compute capability 9.0 or later; {card.name} has {card.cc}"
         gluon = knobs.get("GLUON", 0)
         if gluon:
             why = self._gluon_misfit(knobs, shape, card)
             if why:
                 return why
+        if knobs.get("TMA", 0) and not self.is_interpret(card) and card.cc < (9, 0):
+            return f"TMA needs compute capability 9.0 or later; {card.name} has {card.cc}"
         if self.is_interpret(card):
             return None
         e = DTYPE_BYTES[shape["dtype"]]
@@ -94,9 +94,9 @@ class Attention(Kind):
         bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]
         if self.is_interpret(card):
             return "the Gluon kernel does not run in the interpreter"
-        if card.cc < (9, 0):
-            return f"the Gluon kernel needs compute capability 9.0 or later; {card.name} has " \
-                   f"{card.cc}"
+        if card.cc[0] != 9:
+            return f"the Gluon kernel's warpgroup MMAs are Hopper's (compute capability 9.x); " \
+                   f"{card.name} has {card.cc}"
         if not knobs.get("TMA", 0):
             return "the Gluon kernel moves its tiles by TMA: it is measured at TMA=1"
         if shape["dtype"] not in ("fp16", "bf16"):
