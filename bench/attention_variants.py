@@ -1,6 +1,6 @@
 """Reorderings of the attention kernel's TMA path, side by side with it and with SDPA.
 
-    python bench/attention_variants.py [--shapes TEXT] [--variants kernel,gluon]   # on a GPU
+    python bench/attention_variants.py [--shapes TEXT] [--variants kernel,gluon,gluon_ws]  # GPU
     TRITON_INTERPRET=1 python bench/attention_variants.py --check-only --tiny   # on the CPU
 
 The kernel of ``harness/kinds/_attention_triton.py`` computes, per key/value block, the
@@ -17,7 +17,10 @@ another order):
 - ``gluon``: the kind's Gluon kernel (``GLUON=1``, harness/kinds/_attention_gluon.py, compute
   capability 9.x), whose warpgroup MMAs are issued so that the softmax of block ``j`` runs
   while ``P_{j-1} V_{j-1}`` is on the tensor cores (its own tiles: one warpgroup per 64 query
-  rows, ``num_stages`` its K/V ring).
+  rows, ``num_stages`` its K/V ring);
+- ``gluon_ws``: the same warp-specialized (``GLUON=2``): a loader warp and two consumer
+  warpgroups of 64 rows that never wait for each other (128-row tiles, ``num_warps`` 8 the
+  consumers').
 
 In ``ahead`` and ``halves`` the blocks wholly below the diagonal (and inside the sequence)
 take the variant's loop; the diagonal band and the ragged end go through the kernel's own
@@ -45,7 +48,7 @@ import triton.language as tl  # noqa: E402
 
 from harness.kinds._attention_triton import _attend, block_bounds  # noqa: E402
 
-VARIANTS = ("kernel", "ahead", "halves", "gluon")
+VARIANTS = ("kernel", "ahead", "halves", "gluon", "gluon_ws")
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 # the kernel's: every golden shape's best tile of the H100 sweeps among them (128x128 w8 s3,
 # 64x64 w4 s3, 128x64 w8 s3)
@@ -53,6 +56,8 @@ TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (1
          (128, 32, 4, 4)]
 GLUON_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3),
                (128, 128, 8, 2)]
+GLUON_WS_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]
+GLUON_VALUE = {"gluon": 1, "gluon_ws": 2}
 TINY_SHAPES = [{"batch": 1, "heads": 2, "seq": 80, "head_dim": 16, "causal": c, "dtype": "fp16"}
                for c in (0, 1)]
 TINY_TILES = [(32, 16, 1, 1), (32, 32, 1, 1)]
@@ -159,9 +164,9 @@ def launch_of(variant: str, shape: dict[str, Any], knobs: dict[str, Any],
     """A no-argument launch of ``variant`` on ``inputs`` (the kind's own for ``kernel``)."""
     from harness import kinds as registry
 
-    if variant in ("kernel", "gluon"):
+    if variant == "kernel" or variant in GLUON_VALUE:
         return registry.get("attention").prepare(
-            {**knobs, "TMA": 1, "GLUON": int(variant == "gluon")}, shape, inputs).run
+            {**knobs, "TMA": 1, "GLUON": GLUON_VALUE.get(variant, 0)}, shape, inputs).run
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, d = knobs["BLOCK_M"], knobs["BLOCK_N"], shape["head_dim"]
@@ -215,16 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         ap.error(f"--variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
-    if device == "cpu" and "gluon" in variants:
-        print("gluon: skipped (it runs on a GPU of compute capability 9.x)")
-        variants.remove("gluon")
+    for variant in [v for v in variants if v in GLUON_VALUE and device == "cpu"]:
+        print(f"{variant}: skipped (it runs on a GPU of compute capability 9.x)")
+        variants.remove(variant)
     if args.tiny:
         shapes, tiles = [(f"tiny_causal{s['causal']}", s) for s in TINY_SHAPES], TINY_TILES
     else:
         shapes = [(g.shape_id, g.shape) for g in goldens.shapes(DEPLOYABLE, kinds=["attention"])
                   if args.shapes in g.shape_id]
         tiles = TILES
-    print(f"{'shape':52} {'variant':7} {'best_us':>9} {'over SDPA':>9} {'wrong':>5}  tile")
+    print(f"{'shape':52} {'variant':8} {'best_us':>9} {'over SDPA':>9} {'wrong':>5}  tile")
     wrong_total, checked_total, lines = 0, 0, []
     for shape_id, shape in shapes:
         inputs = kind.make_inputs(shape, device, 0)
@@ -239,19 +244,20 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             best: tuple[float, str] | None = None
             wrong = checked = 0
-            for bm, bn, warps, stages in (GLUON_TILES if variant == "gluon" else tiles):
+            own = {"gluon": GLUON_TILES, "gluon_ws": GLUON_WS_TILES}
+            for bm, bn, warps, stages in own.get(variant, tiles):
                 knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
                 if bn > shape["seq"] or bm > max(16, triton.next_power_of_2(shape["seq"])):
                     continue
-                if variant == "gluon" and kind.unrealizable(
-                        {**knobs, "TMA": 1, "GLUON": 1}, shape, _live_card()):
+                if variant in GLUON_VALUE and kind.unrealizable(
+                        {**knobs, "TMA": 1, "GLUON": GLUON_VALUE[variant]}, shape, _live_card()):
                     continue
                 run = launch_of(variant, shape, knobs, inputs)
                 inputs["out"].fill_(float("nan"))
                 try:
                     run()
                 except Exception as exc:  # noqa: BLE001 - a tile that does not compile is said
-                    print(f"{shape_id[:52]:52} {variant:7} {'-':>9} {'-':>9} {'-':>5}  "
+                    print(f"{shape_id[:52]:52} {variant:8} {'-':>9} {'-':>9} {'-':>5}  "
                           f"{bm}x{bn} w{warps} s{stages}: {type(exc).__name__} {str(exc)[:80]}")
                     continue
                 if device == "cuda":
@@ -267,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             wrong_total += wrong
             checked_total += checked
             if args.check_only:
-                print(f"{shape_id[:52]:52} {variant:7} {'-':>9} {'-':>9} {wrong:5d}  "
+                print(f"{shape_id[:52]:52} {variant:8} {'-':>9} {'-':>9} {wrong:5d}  "
                       f"{checked} tiles checked")
             elif best is not None and sdpa_us:
                 lines.append((variant, best[0] / sdpa_us))
-                print(f"{shape_id[:52]:52} {variant:7} {best[0]:9.1f} {best[0] / sdpa_us:9.3f} "
+                print(f"{shape_id[:52]:52} {variant:8} {best[0]:9.1f} {best[0] / sdpa_us:9.3f} "
                       f"{wrong:5d}  {best[1]}")
     for variant in variants:
         xs = [r for v, r in lines if v == variant]

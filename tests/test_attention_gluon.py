@@ -37,7 +37,7 @@ SMALL = [{"batch": 2, "heads": 3, "seq": seq, "head_dim": d, "causal": causal, "
 
 @pytest.fixture
 def gluon_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(type(KIND), "gluon_in_pool", True)
+    monkeypatch.setattr(type(KIND), "gluon_pool", (1, 2))
 
 
 def test_the_pools_take_the_gluon_kernel_only_when_told() -> None:
@@ -52,6 +52,10 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
     assert gluon and len(gluon) < len(pool)
     assert all(k["TMA"] == 1 and k["BLOCK_M"] == 16 * k["num_warps"] and k["num_stages"] >= 2
                for k in gluon)
+    ws = [k for k in gluon if k["GLUON"] == 2]
+    assert ws and all(k["num_warps"] == 8 and k["BLOCK_M"] == 128 for k in ws)
+    # every warp-specialized configuration is one of the plain Gluon kernel's too
+    assert all({**k, "GLUON": 1} in pool for k in ws)
     # the same tiles run by the Triton kernel stay in the pool
     assert all({**k, "GLUON": 0} in pool for k in gluon)
     for alias in ("a100", "l40s", "b200", "rtx5090"):
@@ -66,6 +70,8 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
         "warps": KIND.unrealizable({**GLUON, "BLOCK_M": 32, "num_warps": 2}, SHAPE, h100),
         "ragged": KIND.unrealizable(GLUON, {**SHAPE, "seq": 2000}, h100),
         "ring": KIND.unrealizable({**GLUON, "num_stages": 1}, SHAPE, h100),
+        "consumers": KIND.unrealizable({**GLUON, "GLUON": 2}, SHAPE, h100),
+        "value": KIND.unrealizable({**GLUON, "GLUON": 3}, SHAPE, h100),
         "smem": KIND.unrealizable({**GLUON, "num_stages": 3}, SHAPE, h100),
     }
     assert "Hopper's (compute capability 9.x)" in why["cc"] and "(8, 0)" in why["cc"]
@@ -79,6 +85,10 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
     assert "4 warps, not 2" in why["warps"]
     assert "seq 2000" in why["ragged"] and "(64, 128)" in why["ragged"]
     assert "2 stages" in why["ring"]
+    assert "GLUON=2" in why["consumers"] and "8 warps, not 4" in why["consumers"]
+    assert "not 3" in why["value"]
+    assert KIND.unrealizable({**GLUON, "GLUON": 2, "BLOCK_M": 128, "num_warps": 8}, SHAPE,
+                             h100) is None
     # Q 16 KiB + 3 stages of K and V 192 KiB + two P tiles 32 KiB: past the 227 KiB opt-in
     assert "shared memory" in why["smem"]
 
@@ -99,9 +109,10 @@ def test_the_gluon_knob_is_monotone(gluon_pool: None) -> None:
             k for k in product if KIND.realizable(k, g.shape, h100)]
 
 
-def _sass(config: tuple[int, int, int, int, int, bool], cache: Path) -> tuple[str, str]:
+def _sass(knobs: dict[str, Any], shape: dict[str, Any], cache: Path) -> tuple[str, str]:
     """(nvdisasm's SASS, cuobjdump's resource usage) of one configuration, compiled for
-    compute capability 9.0 in a subprocess with its own Triton cache."""
+    compute capability 9.0 in a subprocess with its own Triton cache, launched as ``prepare``
+    launches it (``gluon_launch``)."""
     code = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
@@ -111,18 +122,22 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
-from harness.kinds._attention_gluon import gluon_attention_kernel
-bm, bn, d, warps, stages, causal = {config!r}
+from harness.kinds import _attention_gluon
+from harness.kinds.attention import gluon_launch
+knobs, shape = {knobs!r}, {shape!r}
+name, q_rows, launch = gluon_launch(knobs, shape)
+d, bn = shape["head_dim"], knobs["BLOCK_N"]
 t = torch.empty(4096, d, dtype=torch.bfloat16, device="meta")
 sig = {{}}
-for name, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("o_desc", bm)):
+for arg, rows in (("q_desc", q_rows), ("k_desc", bn), ("v_desc", bn), ("o_desc", q_rows)):
     layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
-    sig[name] = mangle_type(TensorDescriptor.from_tensor(t, [rows, d], layout))
+    sig[arg] = mangle_type(TensorDescriptor.from_tensor(t, [rows, d], layout))
 sig.update(qk_scale="fp32", SEQ="i32")
-const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, num_warps=warps)
+const = {{k: v for k, v in launch.items() if k != "maxnreg"}}
 sig.update({{k: "constexpr" for k in const}})
-ck = triton.compile(GluonASTSource(gluon_attention_kernel, sig, const),
-                    target=GPUTarget("cuda", 90, 32), options={{"num_warps": warps}})
+options = {{k: launch[k] for k in ("num_warps", "maxnreg") if k in launch}}
+ck = triton.compile(GluonASTSource(getattr(_attention_gluon, name), sig, const),
+                    target=GPUTarget("cuda", 90, 32), options=options)
 sys.stdout.buffer.write(ck.asm["cubin"])
 """
     import os
@@ -144,26 +159,71 @@ sys.stdout.buffer.write(ck.asm["cubin"])
     return sass, usage
 
 
+def _point(gluon: int, bm: int, bn: int, d: int, warps: int, stages: int,
+           causal: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "TMA": 1,
+             "GLUON": gluon}
+    return knobs, {"batch": 1, "heads": 1, "seq": 4096, "head_dim": d, "causal": causal,
+                   "dtype": "bf16"}
+
+
+def _ops(sass: str) -> list[tuple[str, str]]:
+    return re.findall(r"\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+
+
+def _waits(ops: list[tuple[str, str]], outstanding: str) -> list[int]:
+    return [i for i, (op, args) in enumerate(ops)
+            if op == "WARPGROUP.DEPBAR.LE" and args.strip().endswith(outstanding)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [(64, 128, 128, 4, 2, True), (128, 128, 128, 8, 2, False),
-                                    (64, 64, 64, 4, 3, False)])
-def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[int, ...],
+@pytest.mark.parametrize("config", [(1, 64, 128, 128, 4, 2, True), (1, 128, 128, 128, 8, 2, False),
+                                    (1, 64, 64, 64, 4, 3, False)])
+def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[Any, ...],
                                                       tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    bm, bn, _, warps, _, _ = config
-    sass, usage = _sass(config, tmp_path)
+    knobs, shape = _point(*config)
+    sass, usage = _sass(knobs, shape, tmp_path)
     assert re.search(r"STACK:0 ", usage) and "LOCAL:0" in usage, usage
-    ops = re.findall(r"\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    ops = _ops(sass)
     # the loop's wait for the scores (one MMA group still in flight: P V), then for P V
-    first = next(i for i, (op, args) in enumerate(ops)
-                 if op == "WARPGROUP.DEPBAR.LE" and args.strip().endswith("0x1"))
-    second = next(i for i, (op, args) in enumerate(ops[first:], first)
-                  if op == "WARPGROUP.DEPBAR.LE" and args.strip().endswith("0x0"))
+    first = _waits(ops, "0x1")[0]
+    second = next(i for i in _waits(ops, "0x0") if i > first)
     exps = sum(op == "MUFU.EX2" for op, _ in ops[first:second])
-    per_thread = bm * bn // (32 * warps)  # the scores one thread exponentiates per block
+    # the scores one thread exponentiates per block
+    per_thread = knobs["BLOCK_M"] * knobs["BLOCK_N"] // (32 * knobs["num_warps"])
     assert exps >= per_thread, (
         f"{exps} of the block's {per_thread} exponentials per thread run while P V is on the "
         f"tensor cores")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [(2, 128, 128, 128, 8, 2, False), (2, 128, 64, 64, 8, 3, True)])
+def test_the_warp_specialized_consumers_never_wait_for_each_other(config: tuple[Any, ...],
+                                                                  tmp_path: Path) -> None:
+    """``GLUON=2``: each consumer warpgroup's loop overlaps its softmax with its ``P V`` as
+    ``GLUON=1`` does, and every barrier in it is of that warpgroup's 128 threads alone (the
+    loader refills a stage when both have arrived on its barrier); the loader warp keeps 24
+    registers, the consumers 240."""
+    pytest.importorskip("torch")
+    knobs, shape = _point(*config)
+    sass, usage = _sass(knobs, shape, tmp_path)
+    assert re.search(r"STACK:0 ", usage) and "LOCAL:0" in usage, usage
+    ops = _ops(sass)
+    loops = _waits(ops, "0x1")
+    assert len(loops) == 2, f"{len(loops)} consumer loops"  # one a consumer warpgroup
+    per_thread = knobs["BLOCK_M"] // 2 * knobs["BLOCK_N"] // 128
+    for first in loops:
+        second = next(i for i in _waits(ops, "0x0") if i > first)
+        # the loop's end: the arrival that lets the K/V stage go
+        end = next(i for i, (op, _) in enumerate(ops[second:], second)
+                   if op.startswith("SYNCS.ARRIVE"))
+        exps = sum(op == "MUFU.EX2" for op, _ in ops[first:second])
+        assert exps >= per_thread, f"{exps} of {per_thread} exponentials overlap P V"
+        bars = [args for op, args in ops[first:end] if op.startswith("BAR.SYNC")]
+        assert bars and all(a.strip().endswith(", 0x80") for a in bars), bars
+    regs = {args.strip() for op, args in ops if op.startswith("USETMAXREG")}
+    assert {"0x18", "0xf0"} <= {r.split(",")[-1].strip() for r in regs}, regs
 
 
 @pytest.mark.gpu
@@ -195,7 +255,10 @@ def test_every_gluon_configuration_matches_the_reference(
 
 
 @pytest.mark.slow
-def test_the_box_compiles_gluon_points_ahead_without_a_gpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("knobs", [GLUON, {**GLUON, "GLUON": 2, "BLOCK_M": 128, "num_warps": 8}],
+                         ids=["gluon1", "gluon2"])
+def test_the_box_compiles_gluon_points_ahead_without_a_gpu(knobs: dict[str, Any],
+                                                           tmp_path: Path) -> None:
     """The box's compile pool (``compile_point`` on ``meta`` inputs, the target given) builds
     a Gluon point as it does a Triton one, so a sweep's Gluon points are compiled ahead too."""
     pytest.importorskip("torch")
@@ -211,9 +274,12 @@ print(json.dumps(compile_point("attention", shape, knobs)))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps([SHAPE, GLUON])], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([SHAPE, knobs])], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "error" not in answer, answer
-    assert any((tmp_path / "cache").rglob("gluon_attention_kernel.cubin"))
+    from harness.kinds.attention import gluon_launch
+
+    name = gluon_launch(knobs, SHAPE)[0]
+    assert any((tmp_path / "cache").rglob(f"{name}.cubin"))

@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -143,9 +144,13 @@ def test_kill_9_of_the_controller_the_next_run_waits_for_the_orphan_and_merges_i
     # the orphan's rows, then (where it was still measuring when the wait ended, on a busy
     # machine) the second run's of what it had left: every point once
     orphan, *rest = sorted((tmp_path / "box" / "rows").glob("bench-*/own-matmul.jsonl"))
-    keys = [json.loads(line)["point_key"] for f in (orphan, *rest)
-            for line in f.read_text().splitlines()]
-    assert len(keys) == len(set(keys)) == 38, (orphan, rest)
+    rows = [json.loads(line) for f in (orphan, *rest) for line in f.read_text().splitlines()]
+    keys = [r["point_key"] for r in rows]
+    # on a failure: how many rows each file holds, by status, and how the second run ended
+    tally = {f.parent.name: sorted(Counter(json.loads(line).get("status")
+                                           for line in f.read_text().splitlines()).items())
+             for f in (orphan, *rest)}
+    assert len(keys) == len(set(keys)) == 38, (tally, unwrapped(out)[-4000:])
     assert orphan.read_text().count("\n") > 0 and len(rest) <= 1
     if not rest:  # it finished its job while the second run waited
         assert "all 38 matmul points of the own slice" in out

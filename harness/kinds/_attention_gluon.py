@@ -30,13 +30,24 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, start_m, j, BLOCK_M: gl.constexpr,
+def _blocks(start_m, SEQ, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """How many K/V blocks the program of query block ``start_m`` reads."""
+    if CAUSAL:
+        n = gl.cdiv(gl.minimum((start_m + 1) * BLOCK_M, SEQ), BLOCK_N)
+    else:
+        n = SEQ // BLOCK_N
+    return n
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, first_row, j, ROWS: gl.constexpr,
                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """The online-softmax step of block ``j``'s scores: (p, alpha, m_new, l_new)."""
+    """The online-softmax step of block ``j``'s scores of the ``ROWS`` queries from
+    ``first_row`` on: (p, alpha, m_new, l_new)."""
     if CAUSAL:
         # only the blocks that cross the diagonal are masked
-        if (j + 1) * BLOCK_N - 1 > start_m * BLOCK_M:
-            rows = start_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        if (j + 1) * BLOCK_N - 1 > first_row:
+            rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
             cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
             s = gl.where(keep, s, float("-inf"))
@@ -58,21 +69,74 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, stage, row):
 
 
 @gluon.jit
+def _first_block(q, k_smem, k_bars, p_smem, p_base, zero_s, m_i, l_i, qk_scale, first_row,
+                 ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                 s_layout: gl.constexpr):
+    """Block 0's scores and softmax; its P lands in ``p_smem[p_base]``.  The caller makes the
+    store visible (a barrier of the warps that wrote it) before its MMA reads it."""
+    mbarrier.wait(k_bars.index(0), 0)
+    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, first_row, 0, ROWS, BLOCK_N,
+                                       CAUSAL, s_layout)
+    p_smem.index(p_base).store(p.to(q.dtype))
+    fence_async_shared()
+    return alpha, m_i, l_i
+
+
+@gluon.jit
+def _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem, p_base, zero_s, acc, alpha, m_i,
+                l_i, qk_scale, first_row, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                o_rows: gl.constexpr):
+    """Block ``j`` (> 0): ask for its scores, then for block ``j - 1``'s ``P V``; wait for the
+    scores only and run their softmax while ``P V`` is on the tensor cores, then wait for it.
+    When it returns, ring stage ``(j - 1) % STAGES`` is no longer read by these warps."""
+    stage = j % STAGES
+    prev = (j - 1) % STAGES
+    mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
+    s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+    acc_tok = warpgroup_mma(p_smem.index(p_base + (j - 1) % 2), v_smem.index(prev), acc,
+                            is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok,))
+    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, first_row, j, ROWS, BLOCK_N,
+                                       CAUSAL, s_layout)
+    p_smem.index(p_base + j % 2).store(p.to(q.dtype))
+    fence_async_shared()
+    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+    return acc, alpha, m_i, l_i
+
+
+@gluon.jit
+def _last_product(last, v_smem, v_bars, p_smem, p_base, acc, alpha, l_i, STAGES: gl.constexpr,
+                  o_rows: gl.constexpr):
+    """The last block's ``P V``, then the output rows normalized by their sums."""
+    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    acc_tok = warpgroup_mma(p_smem.index(p_base + last % 2), v_smem.index(last % STAGES), acc,
+                            is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+    return acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
+
+
+@gluon.jit
 def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                            STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    """One program: BLOCK_M queries of one (batch, head).  ``qk_scale`` is the softmax scale
-    times log2(e).  ``*_desc`` are TMA descriptors of the 2-D views."""
+    """``GLUON=1``: one program, BLOCK_M queries of one (batch, head), every warp loads and
+    computes.  ``qk_scale`` is the softmax scale times log2(e).  ``*_desc`` are TMA
+    descriptors of the 2-D views."""
     dtype: gl.constexpr = q_desc.dtype
     start_m = gl.program_id(0)
     if CAUSAL:  # the longest rows first: the last wave is made of the short ones
         start_m = gl.num_programs(0) - 1 - start_m
     head_row = gl.program_id(1) * SEQ
     q_row = head_row + start_m * BLOCK_M
-    if CAUSAL:
-        n_blocks = gl.cdiv(gl.minimum((start_m + 1) * BLOCK_M, SEQ), BLOCK_N)
-    else:
-        n_blocks = SEQ // BLOCK_N
+    n_blocks = _blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
@@ -103,54 +167,161 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    first_row = start_m * BLOCK_M
 
-    # block 0: its scores and softmax
     mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, start_m, 0, BLOCK_M, BLOCK_N,
-                                       CAUSAL, s_layout)
-    p_smem.index(0).store(p.to(dtype))
-    fence_async_shared()
+    alpha, m_i, l_i = _first_block(q_smem, k_smem, k_bars, p_smem, 0, zero_s, m_i, l_i,
+                                   qk_scale, first_row, BLOCK_M, BLOCK_N, CAUSAL, s_layout)
     gl.thread_barrier()
     for j in range(1, n_blocks):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        # the next scores first, then the previous block's P V; wait for the scores only
-        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), zero_s,
-                              use_acc=False, is_async=True)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        acc_tok = warpgroup_mma(p_smem.index((j - 1) % 2), v_smem.index(prev), acc,
-                                is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, start_m, j, BLOCK_M,
-                                           BLOCK_N, CAUSAL, s_layout)
-        p_smem.index(j % 2).store(p.to(dtype))
-        fence_async_shared()
-        acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+        acc, alpha, m_i, l_i = _next_block(j, q_smem, k_smem, v_smem, k_bars, v_bars, p_smem, 0,
+                                           zero_s, acc, alpha, m_i, l_i, qk_scale, first_row,
+                                           BLOCK_M, BLOCK_N, STAGES, CAUSAL, s_layout, o_rows)
         # every warp is done with the previous stage's K and V: refill it
         gl.thread_barrier()
         nxt = j - 1 + STAGES
         if nxt < n_blocks:
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev,
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, (j - 1) % STAGES,
                      head_row + nxt * BLOCK_N)
-    last = n_blocks - 1
-    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-    acc_tok = warpgroup_mma(p_smem.index(last % 2), v_smem.index(last % STAGES), acc,
-                            is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 0, acc, alpha, l_i, STAGES, o_rows)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
-    o = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
     q_smem.store(o.to(dtype))  # Q is no longer read: its tile stages the output
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
     tma.store_wait(pendings=0)
+
+
+# -- GLUON=2: a loader warp and two consumer warpgroups --------------------------------------
+# Each partition function takes the same arguments (warp_specialize's rule for its workers):
+# the descriptors, the shared buffers and barriers as tuples, then the program's scalars.
+
+@gluon.jit
+def _ws_loader(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One warp: both halves of Q, then K and V of every block into the ring, each stage as
+    soon as both consumers have let it go."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, p_smem = smem
+    q_bars, k_bars, v_bars, free_bars = bars
+    HALF: gl.constexpr = BLOCK_M // 2
+    for c in gl.static_range(2):
+        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [head_row + start_m * BLOCK_M + c * HALF, 0],
+                                        q_bars.index(c), q_smem.index(c))
+    for j in range(_blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)):
+        stage = j % STAGES
+        # a new barrier passes a wait for the phase before its first: the first STAGES go
+        mbarrier.wait(free_bars.index(stage), ((j // STAGES) & 1) ^ 1)
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, stage, head_row + j * BLOCK_N)
+
+
+@gluon.jit
+def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                 C: gl.constexpr):
+    """One warpgroup: softmax and both products of query rows ``C * BLOCK_M / 2`` on of the
+    program's block, over every K/V block the program reads (causal: those past its own
+    diagonal are wholly masked)."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, p_smem = smem
+    q_bars, k_bars, v_bars, free_bars = bars
+    HALF: gl.constexpr = BLOCK_M // 2
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q = q_smem.index(C)
+    first_row = start_m * BLOCK_M + C * HALF
+    n_blocks = _blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
+
+    zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+    acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+
+    mbarrier.wait(q_bars.index(C), 0)
+    alpha, m_i, l_i = _first_block(q, k_smem, k_bars, p_smem, 2 * C, zero_s, m_i, l_i,
+                                   qk_scale, first_row, HALF, BLOCK_N, CAUSAL, s_layout)
+    gl.thread_barrier()  # of this partition's warps only
+    for j in range(1, n_blocks):
+        acc, alpha, m_i, l_i = _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem, 2 * C,
+                                           zero_s, acc, alpha, m_i, l_i, qk_scale, first_row,
+                                           HALF, BLOCK_N, STAGES, CAUSAL, s_layout, o_rows)
+        mbarrier.arrive(free_bars.index((j - 1) % STAGES), count=1)
+        gl.thread_barrier()
+    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 2 * C, acc, alpha, l_i, STAGES,
+                      o_rows)
+    q.store(o.to(q_desc.dtype))  # this half of Q is no longer read: it stages the output
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [head_row + first_row, 0], q)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _ws_consumer0(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N, STAGES,
+                 CAUSAL, 0)
+
+
+@gluon.jit
+def _ws_consumer1(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N, STAGES,
+                 CAUSAL, 1)
+
+
+@gluon.jit
+def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
+                              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                              BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                              num_warps: gl.constexpr):
+    """``GLUON=2``: BLOCK_M (128) queries of one (batch, head) a program, as two consumer
+    warpgroups of BLOCK_M / 2 rows (the default partition of 4 warps and a worker of 4) and a
+    loader warp.  No barrier spans the program inside the loop: a consumer waits only for
+    its own MMAs and the loader, and lets a K/V stage go by arriving on its barrier (two
+    arrivals free it).  ``q_desc`` and ``o_desc`` are of BLOCK_M / 2 rows."""
+    dtype: gl.constexpr = q_desc.dtype
+    HALF: gl.constexpr = BLOCK_M // 2
+    start_m = gl.program_id(0)
+    if CAUSAL:
+        start_m = gl.num_programs(0) - 1 - start_m
+    head_row = gl.program_id(1) * SEQ
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_N], dtype)
+    p_smem = gl.allocate_shared_memory(dtype, [4, HALF, BLOCK_N], p_layout)  # two a consumer
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(free_bars.index(i), count=2)
+
+    descs = (q_desc, k_desc, v_desc, o_desc)
+    smem = (q_smem, k_smem, v_smem, p_smem)
+    bars = (q_bars, k_bars, v_bars, free_bars)
+    # the argument tuples are written out: a tuple assigned to a name would turn the
+    # constexprs in it into tensors
+    gl.warp_specialize([
+        (_ws_consumer0, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
+                         STAGES, CAUSAL)),
+        (_ws_consumer1, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
+                         STAGES, CAUSAL)),
+        (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
+                      STAGES, CAUSAL)),
+    ], [4, 1], [CONSUMER_REGS, 24])

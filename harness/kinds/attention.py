@@ -11,8 +11,11 @@ configuration keys are what they were, and a configuration without a knob means 
 ``GLUON=1`` runs the Gluon kernel of harness/kinds/_attention_gluon.py instead, whose softmax
 overlaps the tensor cores (Hopper's warpgroup MMAs: compute capability 9.x only; it always
 moves its tiles by TMA, so it runs at ``TMA=1`` only, one warpgroup per 64 query rows, and
-``num_stages`` is its K/V ring).  ``prepare`` and ``unrealizable`` know it; the pool takes it only where
-:attr:`Attention.gluon_in_pool` is set, which waits for the kernel's reference check on a GPU
+``num_stages`` is its K/V ring).  ``GLUON=2`` is the same computation warp-specialized: a
+loader warp and two consumer warpgroups of 64 rows each (``num_warps`` 8 counts the
+consumers' warps; the program has 12) that never wait for each other.  ``prepare`` and
+``unrealizable`` know both; the pool takes the values in :attr:`Attention.gluon_pool`, none
+until the kernels' reference check has run on a GPU
 (``pytest -m gpu tests/test_attention_gluon.py``).
 """
 
@@ -41,8 +44,8 @@ class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
     monotone = ("TMA", "GLUON")
-    # the Gluon kernel in the pool of cards of compute capability 9.x (see the docstring)
-    gluon_in_pool = False
+    # the GLUON values the pools of cards of compute capability 9.x take (see the docstring)
+    gluon_pool: tuple[int, ...] = ()
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
@@ -52,8 +55,8 @@ class Attention(Kind):
                                        "BLOCK_N": [16, 32, 64, 128, 256]}
         if card.cc >= (9, 0):
             space["TMA"] = [0, 1]
-            if self.gluon_in_pool:
-                space["GLUON"] = [0, 1]
+            if self.gluon_pool:
+                space["GLUON"] = [0, *self.gluon_pool]
         return {**space, "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
@@ -92,6 +95,8 @@ class Attention(Kind):
     def _gluon_misfit(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         """Why the Gluon kernel cannot run this configuration (None if it can)."""
         bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]
+        if knobs["GLUON"] not in (1, 2):
+            return f"GLUON is 0 (the Triton kernel), 1 or 2, not {knobs['GLUON']!r}"
         if self.is_interpret(card):
             return "the Gluon kernel does not run in the interpreter"
         if card.cc[0] != 9:
@@ -103,6 +108,9 @@ class Attention(Kind):
             return f"the Gluon kernel takes 16-bit inputs, not {shape['dtype']}"
         if warps < 4:
             return f"a warpgroup MMA needs 4 warps, not {warps}"
+        if knobs["GLUON"] == 2 and warps != 8:
+            return f"the warp-specialized Gluon kernel (GLUON=2) has two consumer warpgroups: " \
+                   f"8 warps, not {warps}"
         if bm != 16 * warps:
             return f"the Gluon kernel gives each warp 16 query rows: BLOCK_M {bm} with " \
                    f"{warps} warps"
@@ -180,28 +188,43 @@ class Attention(Kind):
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from harness.kinds._attention_gluon import gluon_attention_kernel
+        from harness.kinds import _attention_gluon
 
         q, k, v, out = inputs["q"], inputs["k"], inputs["v"], inputs["out"]
         if not all(t.is_contiguous() for t in (q, k, v, out)):
             raise ValueError("the Gluon kernel needs contiguous Q, K, V and output")
-        bm, bn, d, seq = knobs["BLOCK_M"], knobs["BLOCK_N"], shape["head_dim"], shape["seq"]
+        bm, d, seq = knobs["BLOCK_M"], shape["head_dim"], shape["seq"]
         rows = shape["batch"] * shape["heads"] * seq
         gl_dtype = {"fp16": gl.float16, "bf16": gl.bfloat16}[shape["dtype"]]
+        name, q_rows, launch_knobs = gluon_launch(knobs, shape)
+        kernel = getattr(_attention_gluon, name)
         descs = []
-        for t, block in ((q, bm), (k, bn), (v, bn), (out, bm)):
+        for t, block in ((q, q_rows), (k, knobs["BLOCK_N"]), (v, knobs["BLOCK_N"]),
+                         (out, q_rows)):
             layout = gl.NVMMASharedLayout.get_default_for([block, d], gl_dtype)
             descs.append(TensorDescriptor.from_tensor(t.view(rows, d), [block, d], layout))
         grid = (cdiv(seq, bm), shape["batch"] * shape["heads"])
         qk_scale = d ** -0.5 * 1.4426950408889634  # exp2 instead of exp
 
         def launch() -> Any:
-            return gluon_attention_kernel[grid](
-                *descs, qk_scale, seq, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-                STAGES=knobs["num_stages"], CAUSAL=bool(shape["causal"]),
-                num_warps=knobs["num_warps"])
+            return kernel[grid](*descs, qk_scale, seq, **launch_knobs)
 
         return Launch(run=launch, out=out)
+
+
+def gluon_launch(knobs: Knobs, shape: Shape) -> tuple[str, int, dict[str, Any]]:
+    """The Gluon kernel of a ``GLUON`` configuration: its name in
+    harness/kinds/_attention_gluon.py, the rows of its Q and output descriptors' blocks, and
+    its launch's keywords (constexprs and launch options)."""
+    bm = knobs["BLOCK_M"]
+    common = {"HEAD_DIM": shape["head_dim"], "BLOCK_M": bm, "BLOCK_N": knobs["BLOCK_N"],
+              "STAGES": knobs["num_stages"], "CAUSAL": bool(shape["causal"])}
+    if knobs["GLUON"] == 2:
+        # 12 warps (4 + 4 + the loader's warpgroup) of 168 registers fill the register file;
+        # the loader gives back all but 24, each consumer warpgroup takes 240
+        return ("gluon_attention_ws_kernel", bm // 2,
+                {**common, "CONSUMER_REGS": 240, "num_warps": 4, "maxnreg": 168})
+    return "gluon_attention_kernel", bm, {**common, "num_warps": knobs["num_warps"]}
 
 
 KIND = Attention()
