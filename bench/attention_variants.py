@@ -1,6 +1,6 @@
 """Reorderings of the attention kernel's TMA path, side by side with it and with SDPA.
 
-    python bench/attention_variants.py [--shapes TEXT] [--variants kernel,gluon,gluon_ws]  # GPU
+    python bench/attention_variants.py [--shapes TEXT] [--variants kernel,gluon_ws]  # on a GPU
     TRITON_INTERPRET=1 python bench/attention_variants.py --check-only --tiny   # on the CPU
 
 The kernel of ``harness/kinds/_attention_triton.py`` computes, per key/value block, the
@@ -20,7 +20,12 @@ another order):
   rows, ``num_stages`` its K/V ring);
 - ``gluon_ws``: the same warp-specialized (``GLUON=2``): a loader warp and two consumer
   warpgroups of 64 rows that never wait for each other (128-row tiles, ``num_warps`` 8 the
-  consumers').
+  consumers');
+- ``gluon_ws_regs``: ``gluon_ws`` with P given to ``P V`` in registers (``GLUON=3``): no P
+  tiles in shared memory, so a third K/V stage fits at head_dim 128;
+- ``gluon_pingpong``: ``gluon_ws_regs`` whose two consumers take turns at the tensor cores
+  (``GLUON=4``): one issues its MMAs only after the other has issued its own, so one's
+  softmax runs while the other's products do.
 
 In ``ahead`` and ``halves`` the blocks wholly below the diagonal (and inside the sequence)
 take the variant's loop; the diagonal band and the ragged end go through the kernel's own
@@ -48,7 +53,7 @@ import triton.language as tl  # noqa: E402
 
 from harness.kinds._attention_triton import _attend, block_bounds  # noqa: E402
 
-VARIANTS = ("kernel", "ahead", "halves", "gluon", "gluon_ws")
+VARIANTS = ("kernel", "ahead", "halves", "gluon", "gluon_ws", "gluon_ws_regs", "gluon_pingpong")
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 # the kernel's: every golden shape's best tile of the H100 sweeps among them (128x128 w8 s3,
 # 64x64 w4 s3, 128x64 w8 s3)
@@ -57,7 +62,9 @@ TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (1
 GLUON_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3),
                (128, 128, 8, 2)]
 GLUON_WS_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]
-GLUON_VALUE = {"gluon": 1, "gluon_ws": 2}
+GLUON_WS_REGS_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+                       (128, 128, 8, 3)]
+GLUON_VALUE = {"gluon": 1, "gluon_ws": 2, "gluon_ws_regs": 3, "gluon_pingpong": 4}
 TINY_SHAPES = [{"batch": 1, "heads": 2, "seq": 80, "head_dim": 16, "causal": c, "dtype": "fp16"}
                for c in (0, 1)]
 TINY_TILES = [(32, 16, 1, 1), (32, 32, 1, 1)]
@@ -229,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [(g.shape_id, g.shape) for g in goldens.shapes(DEPLOYABLE, kinds=["attention"])
                   if args.shapes in g.shape_id]
         tiles = TILES
-    print(f"{'shape':52} {'variant':8} {'best_us':>9} {'over SDPA':>9} {'wrong':>5}  tile")
+    print(f"{'shape':52} {'variant':14} {'best_us':>9} {'over SDPA':>9} {'wrong':>5}  tile")
     wrong_total, checked_total, lines = 0, 0, []
     for shape_id, shape in shapes:
         inputs = kind.make_inputs(shape, device, 0)
@@ -244,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             best: tuple[float, str] | None = None
             wrong = checked = 0
-            own = {"gluon": GLUON_TILES, "gluon_ws": GLUON_WS_TILES}
+            own = {"gluon": GLUON_TILES, "gluon_ws": GLUON_WS_TILES,
+                   "gluon_ws_regs": GLUON_WS_REGS_TILES, "gluon_pingpong": GLUON_WS_REGS_TILES}
             for bm, bn, warps, stages in own.get(variant, tiles):
                 knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
                 if bn > shape["seq"] or bm > max(16, triton.next_power_of_2(shape["seq"])):
@@ -257,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     run()
                 except Exception as exc:  # noqa: BLE001 - a tile that does not compile is said
-                    print(f"{shape_id[:52]:52} {variant:8} {'-':>9} {'-':>9} {'-':>5}  "
+                    print(f"{shape_id[:52]:52} {variant:14} {'-':>9} {'-':>9} {'-':>5}  "
                           f"{bm}x{bn} w{warps} s{stages}: {type(exc).__name__} {str(exc)[:80]}")
                     continue
                 if device == "cuda":
@@ -273,11 +281,11 @@ def main(argv: list[str] | None = None) -> int:
             wrong_total += wrong
             checked_total += checked
             if args.check_only:
-                print(f"{shape_id[:52]:52} {variant:8} {'-':>9} {'-':>9} {wrong:5d}  "
+                print(f"{shape_id[:52]:52} {variant:14} {'-':>9} {'-':>9} {wrong:5d}  "
                       f"{checked} tiles checked")
             elif best is not None and sdpa_us:
                 lines.append((variant, best[0] / sdpa_us))
-                print(f"{shape_id[:52]:52} {variant:8} {best[0]:9.1f} {best[0] / sdpa_us:9.3f} "
+                print(f"{shape_id[:52]:52} {variant:14} {best[0]:9.1f} {best[0] / sdpa_us:9.3f} "
                       f"{wrong:5d}  {best[1]}")
     for variant in variants:
         xs = [r for v, r in lines if v == variant]

@@ -69,56 +69,101 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, stage, row):
 
 
 @gluon.jit
-def _first_block(q, k_smem, k_bars, p_smem, p_base, zero_s, m_i, l_i, qk_scale, first_row,
-                 ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                 s_layout: gl.constexpr):
-    """Block 0's scores and softmax; its P lands in ``p_smem[p_base]``.  The caller makes the
-    store visible (a barrier of the warps that wrote it) before its MMA reads it."""
-    mbarrier.wait(k_bars.index(0), 0)
-    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, first_row, 0, ROWS, BLOCK_N,
-                                       CAUSAL, s_layout)
-    p_smem.index(p_base).store(p.to(q.dtype))
-    fence_async_shared()
-    return alpha, m_i, l_i
+def _p_operand(p, p_smem, slot, P_REGS: gl.constexpr, o_layout: gl.constexpr):
+    """P as the A operand of ``P V``: in registers (``P_REGS``) or ``p_smem[slot]``."""
+    if P_REGS:
+        a = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=2))
+    else:
+        a = p_smem.index(slot)
+    return a
 
 
 @gluon.jit
-def _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem, p_base, zero_s, acc, alpha, m_i,
-                l_i, qk_scale, first_row, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                o_rows: gl.constexpr):
-    """Block ``j`` (> 0): ask for its scores, then for block ``j - 1``'s ``P V``; wait for the
-    scores only and run their softmax while ``P V`` is on the tensor cores, then wait for it.
-    When it returns, ring stage ``(j - 1) % STAGES`` is no longer read by these warps."""
+def _my_turn(turn_bars, k, C: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong of two consumer warpgroups: before consumer ``C`` issues its ``k``-th round
+    of MMAs, the other has issued its round ``k - 1`` (``C`` 0) or ``k`` (``C`` 1), so one
+    warpgroup's MMAs run while the other's softmax does."""
+    if PINGPONG:
+        if C == 0:
+            if k > 0:
+                mbarrier.wait(turn_bars.index(0), (k - 1) & 1)
+        else:
+            mbarrier.wait(turn_bars.index(1), k & 1)
+
+
+@gluon.jit
+def _your_turn(turn_bars, C: gl.constexpr, PINGPONG: gl.constexpr):
+    """Consumer ``C`` has issued its round of MMAs: the other's turn."""
+    if PINGPONG:
+        mbarrier.arrive(turn_bars.index(1 - C), count=1)
+
+
+@gluon.jit
+def _first_block(q, k_smem, k_bars, p_smem, p_base, zero_s, m_i, l_i, qk_scale, first_row,
+                 turn_bars, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                 P_REGS: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr,
+                 s_layout: gl.constexpr):
+    """Block 0's scores and softmax: (P in 16 bits, alpha, m, l).  Unless ``P_REGS``, P lands
+    in ``p_smem[p_base]`` too; the caller makes the store visible (a barrier of the warps that
+    wrote it) before its MMA reads it."""
+    mbarrier.wait(k_bars.index(0), 0)
+    _my_turn(turn_bars, 0, C, PINGPONG)
+    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)
+    _your_turn(turn_bars, C, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, first_row, 0, ROWS, BLOCK_N,
+                                       CAUSAL, s_layout)
+    p = p.to(q.dtype)
+    if not P_REGS:
+        p_smem.index(p_base).store(p)
+        fence_async_shared()
+    return p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem, p_base, zero_s, p, acc, alpha,
+                m_i, l_i, qk_scale, first_row, turn_bars, ROWS: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                P_REGS: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr,
+                s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Block ``j`` (> 0), given block ``j - 1``'s P: ask for block ``j``'s scores, then for
+    ``P V`` of block ``j - 1``; wait for the scores only and run their softmax while ``P V``
+    is on the tensor cores, then wait for it.  Returns block ``j``'s P (16 bits) and the
+    running state; ring stage ``(j - 1) % STAGES`` is no longer read by these warps."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     stage = j % STAGES
     prev = (j - 1) % STAGES
     mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
+    _my_turn(turn_bars, j, C, PINGPONG)
     s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
     mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-    acc_tok = warpgroup_mma(p_smem.index(p_base + (j - 1) % 2), v_smem.index(prev), acc,
-                            is_async=True)
+    a = _p_operand(p, p_smem, p_base + (j - 1) % 2, P_REGS, o_layout)
+    acc_tok = warpgroup_mma(a, v_smem.index(prev), acc, is_async=True)
+    _your_turn(turn_bars, C, PINGPONG)
     s = warpgroup_mma_wait(1, deps=(s_tok,))
     p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, first_row, j, ROWS, BLOCK_N,
                                        CAUSAL, s_layout)
-    p_smem.index(p_base + j % 2).store(p.to(q.dtype))
-    fence_async_shared()
+    p = p.to(q.dtype)
+    if not P_REGS:
+        p_smem.index(p_base + j % 2).store(p)
+        fence_async_shared()
     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-    return acc, alpha, m_i, l_i
+    return p, acc, alpha, m_i, l_i
 
 
 @gluon.jit
-def _last_product(last, v_smem, v_bars, p_smem, p_base, acc, alpha, l_i, STAGES: gl.constexpr,
-                  o_rows: gl.constexpr):
+def _last_product(last, v_smem, v_bars, p_smem, p_base, p, acc, alpha, l_i,
+                  STAGES: gl.constexpr, P_REGS: gl.constexpr, o_layout: gl.constexpr):
     """The last block's ``P V``, then the output rows normalized by their sums."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-    acc_tok = warpgroup_mma(p_smem.index(p_base + last % 2), v_smem.index(last % STAGES), acc,
-                            is_async=True)
+    a = _p_operand(p, p_smem, p_base + last % 2, P_REGS, o_layout)
+    acc_tok = warpgroup_mma(a, v_smem.index(last % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
     return acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
 
@@ -142,7 +187,6 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -170,20 +214,23 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     first_row = start_m * BLOCK_M
 
     mbarrier.wait(q_bar, 0)
-    alpha, m_i, l_i = _first_block(q_smem, k_smem, k_bars, p_smem, 0, zero_s, m_i, l_i,
-                                   qk_scale, first_row, BLOCK_M, BLOCK_N, CAUSAL, s_layout)
+    p, alpha, m_i, l_i = _first_block(q_smem, k_smem, k_bars, p_smem, 0, zero_s, m_i, l_i,
+                                      qk_scale, first_row, k_bars, BLOCK_M, BLOCK_N, CAUSAL,
+                                      False, 0, False, s_layout)
     gl.thread_barrier()
     for j in range(1, n_blocks):
-        acc, alpha, m_i, l_i = _next_block(j, q_smem, k_smem, v_smem, k_bars, v_bars, p_smem, 0,
-                                           zero_s, acc, alpha, m_i, l_i, qk_scale, first_row,
-                                           BLOCK_M, BLOCK_N, STAGES, CAUSAL, s_layout, o_rows)
+        p, acc, alpha, m_i, l_i = _next_block(j, q_smem, k_smem, v_smem, k_bars, v_bars, p_smem,
+                                              0, zero_s, p, acc, alpha, m_i, l_i, qk_scale,
+                                              first_row, k_bars, BLOCK_M, BLOCK_N, STAGES,
+                                              CAUSAL, False, 0, False, s_layout, o_layout)
         # every warp is done with the previous stage's K and V: refill it
         gl.thread_barrier()
         nxt = j - 1 + STAGES
         if nxt < n_blocks:
             _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, (j - 1) % STAGES,
                      head_row + nxt * BLOCK_N)
-    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 0, acc, alpha, l_i, STAGES, o_rows)
+    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 0, p, acc, alpha, l_i, STAGES, False,
+                      o_layout)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -201,12 +248,13 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
 
 @gluon.jit
 def _ws_loader(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+               P_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     """One warp: both halves of Q, then K and V of every block into the ring, each stage as
     soon as both consumers have let it go."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_bars, v_bars, free_bars = bars
+    q_bars, k_bars, v_bars, free_bars, turn_bars = bars
     HALF: gl.constexpr = BLOCK_M // 2
     for c in gl.static_range(2):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
@@ -222,20 +270,19 @@ def _ws_loader(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.
 @gluon.jit
 def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 C: gl.constexpr):
+                 P_REGS: gl.constexpr, PINGPONG: gl.constexpr, C: gl.constexpr):
     """One warpgroup: softmax and both products of query rows ``C * BLOCK_M / 2`` on of the
     program's block, over every K/V block the program reads (causal: those past its own
     diagonal are wholly masked)."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_bars, v_bars, free_bars = bars
+    q_bars, k_bars, v_bars, free_bars, turn_bars = bars
     HALF: gl.constexpr = BLOCK_M // 2
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     q = q_smem.index(C)
     first_row = start_m * BLOCK_M + C * HALF
     n_blocks = _blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
@@ -246,17 +293,19 @@ def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: g
     l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
 
     mbarrier.wait(q_bars.index(C), 0)
-    alpha, m_i, l_i = _first_block(q, k_smem, k_bars, p_smem, 2 * C, zero_s, m_i, l_i,
-                                   qk_scale, first_row, HALF, BLOCK_N, CAUSAL, s_layout)
+    p, alpha, m_i, l_i = _first_block(q, k_smem, k_bars, p_smem, 2 * C, zero_s, m_i, l_i,
+                                      qk_scale, first_row, turn_bars, HALF, BLOCK_N, CAUSAL,
+                                      P_REGS, C, PINGPONG, s_layout)
     gl.thread_barrier()  # of this partition's warps only
     for j in range(1, n_blocks):
-        acc, alpha, m_i, l_i = _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem, 2 * C,
-                                           zero_s, acc, alpha, m_i, l_i, qk_scale, first_row,
-                                           HALF, BLOCK_N, STAGES, CAUSAL, s_layout, o_rows)
+        p, acc, alpha, m_i, l_i = _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem,
+                                              2 * C, zero_s, p, acc, alpha, m_i, l_i, qk_scale,
+                                              first_row, turn_bars, HALF, BLOCK_N, STAGES,
+                                              CAUSAL, P_REGS, C, PINGPONG, s_layout, o_layout)
         mbarrier.arrive(free_bars.index((j - 1) % STAGES), count=1)
         gl.thread_barrier()
-    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 2 * C, acc, alpha, l_i, STAGES,
-                      o_rows)
+    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 2 * C, p, acc, alpha, l_i, STAGES,
+                      P_REGS, o_layout)
     q.store(o.to(q_desc.dtype))  # this half of Q is no longer read: it stages the output
     fence_async_shared()
     gl.thread_barrier()
@@ -266,23 +315,26 @@ def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: g
 
 @gluon.jit
 def _ws_consumer0(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  P_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N, STAGES,
-                 CAUSAL, 0)
+                 CAUSAL, P_REGS, PINGPONG, 0)
 
 
 @gluon.jit
 def _ws_consumer1(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  P_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N, STAGES,
-                 CAUSAL, 1)
+                 CAUSAL, P_REGS, PINGPONG, 1)
 
 
 @gluon.jit
 def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                              CAUSAL: gl.constexpr, P_REGS: gl.constexpr,
+                              PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               num_warps: gl.constexpr):
     """``GLUON=2``: BLOCK_M (128) queries of one (batch, head) a program, as two consumer
     warpgroups of BLOCK_M / 2 rows (the default partition of 4 warps and a worker of 4) and a
@@ -299,14 +351,21 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_N], dtype)
-    p_smem = gl.allocate_shared_memory(dtype, [4, HALF, BLOCK_N], p_layout)  # two a consumer
+    if P_REGS:  # not read: a placeholder the partitions' signatures take
+        p_smem = gl.allocate_shared_memory(
+            dtype, [1, HALF, 16], gl.NVMMASharedLayout.get_default_for([HALF, 16], dtype))
+    else:  # two a consumer
+        p_smem = gl.allocate_shared_memory(
+            dtype, [4, HALF, BLOCK_N], gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_N],
+                                                                             dtype))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(turn_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
@@ -314,14 +373,14 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
 
     descs = (q_desc, k_desc, v_desc, o_desc)
     smem = (q_smem, k_smem, v_smem, p_smem)
-    bars = (q_bars, k_bars, v_bars, free_bars)
+    bars = (q_bars, k_bars, v_bars, free_bars, turn_bars)
     # the argument tuples are written out: a tuple assigned to a name would turn the
     # constexprs in it into tensors
     gl.warp_specialize([
         (_ws_consumer0, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                         STAGES, CAUSAL)),
+                         STAGES, CAUSAL, P_REGS, PINGPONG)),
         (_ws_consumer1, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                         STAGES, CAUSAL)),
+                         STAGES, CAUSAL, P_REGS, PINGPONG)),
         (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                      STAGES, CAUSAL)),
+                      STAGES, CAUSAL, P_REGS, PINGPONG)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -45,7 +45,7 @@ class Attention(Kind):
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
     monotone = ("TMA", "GLUON")
     # the GLUON values the pools of cards of compute capability 9.x take (see the docstring)
-    gluon_pool: tuple[int, ...] = ()
+    gluon_pool: tuple[int, ...] = (3, 4)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
@@ -55,7 +55,7 @@ class Attention(Kind):
                                        "BLOCK_N": [16, 32, 64, 128, 256]}
         if card.cc >= (9, 0):
             space["TMA"] = [0, 1]
-            if self.gluon_pool:
+            if self.gluon_pool and card.cc[0] == 9:  # Hopper's warpgroup MMAs
                 space["GLUON"] = [0, *self.gluon_pool]
         return {**space, "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
 
@@ -80,8 +80,10 @@ class Attention(Kind):
         # Q tile, plus K and V tiles for every pipeline stage (and the Gluon kernel's two P
         # tiles and its barriers)
         smem = (bm * d + 2 * max(1, stages) * bn * d) * e
-        if gluon:
+        if gluon in (1, 2):
             smem += 2 * bm * bn * e + 1024
+        elif gluon:  # P in registers: barriers and a small placeholder
+            smem += 3072
         if smem > card.smem_optin:
             return f"shared memory {smem} B > opt-in {card.smem_optin} B"
         # fp32 output accumulator and score tile per thread; past ~192 it spills heavily
@@ -95,8 +97,8 @@ class Attention(Kind):
     def _gluon_misfit(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         """Why the Gluon kernel cannot run this configuration (None if it can)."""
         bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]
-        if knobs["GLUON"] not in (1, 2):
-            return f"GLUON is 0 (the Triton kernel), 1 or 2, not {knobs['GLUON']!r}"
+        if knobs["GLUON"] not in (1, 2, 3, 4):
+            return f"GLUON is 0 (the Triton kernel), 1, 2, 3 or 4, not {knobs['GLUON']!r}"
         if self.is_interpret(card):
             return "the Gluon kernel does not run in the interpreter"
         if card.cc[0] != 9:
@@ -108,9 +110,9 @@ class Attention(Kind):
             return f"the Gluon kernel takes 16-bit inputs, not {shape['dtype']}"
         if warps < 4:
             return f"a warpgroup MMA needs 4 warps, not {warps}"
-        if knobs["GLUON"] == 2 and warps != 8:
-            return f"the warp-specialized Gluon kernel (GLUON=2) has two consumer warpgroups: " \
-                   f"8 warps, not {warps}"
+        if knobs["GLUON"] >= 2 and warps != 8:
+            return f"the warp-specialized Gluon kernel (GLUON={knobs['GLUON']}) has two " \
+                   f"consumer warpgroups: 8 warps, not {warps}"
         if bm != 16 * warps:
             return f"the Gluon kernel gives each warp 16 query rows: BLOCK_M {bm} with " \
                    f"{warps} warps"
@@ -219,11 +221,13 @@ def gluon_launch(knobs: Knobs, shape: Shape) -> tuple[str, int, dict[str, Any]]:
     bm = knobs["BLOCK_M"]
     common = {"HEAD_DIM": shape["head_dim"], "BLOCK_M": bm, "BLOCK_N": knobs["BLOCK_N"],
               "STAGES": knobs["num_stages"], "CAUSAL": bool(shape["causal"])}
-    if knobs["GLUON"] == 2:
+    if knobs["GLUON"] >= 2:
         # 12 warps (4 + 4 + the loader's warpgroup) of 168 registers fill the register file;
         # the loader gives back all but 24, each consumer warpgroup takes 240
         return ("gluon_attention_ws_kernel", bm // 2,
-                {**common, "CONSUMER_REGS": 240, "num_warps": 4, "maxnreg": 168})
+                {**common, "P_REGS": knobs["GLUON"] >= 3, "PINGPONG": knobs["GLUON"] == 4,
+                 "CONSUMER_REGS": 240,
+                 "num_warps": 4, "maxnreg": 168})
     return "gluon_attention_kernel", bm, {**common, "num_warps": knobs["num_warps"]}
 
 
