@@ -1,15 +1,22 @@
-"""A flash-attention forward kernel in Gluon for compute capability 9.x (imported only on the box).
+"""Flash-attention forward kernels in Gluon for compute capability 9.x (imported only on the box).
 
 Hopper's instructions are spelled out instead of left to the compiler's pipeliner: Q, K and V
 move through TMA into shared memory (K and V in a ring of ``STAGES`` buffers, each with its own
-barrier), and the two products run as asynchronous warpgroup MMAs in the order that lets the
-softmax overlap the tensor cores.  Iteration ``j`` asks for block ``j``'s scores ``Q K_j^T``,
-rescales the output, asks for ``P_{j-1} V_{j-1}``, waits for the scores only and runs their
-softmax while ``P V`` is still on the tensor cores, then waits for it.  Warpgroup MMAs are
-Hopper's: the kernel compiles for compute capability 9.x only.  P reaches its MMA
-through shared memory (two buffers, so the softmax of block ``j`` writes one while the MMA of
-block ``j - 1`` reads the other): given in registers, ptxas reuses the operand's registers for
-the softmax and waits for the MMA before it, which serializes the two again.
+barrier), and the two products run as asynchronous warpgroup MMAs.  Block ``j``'s step asks
+for its scores ``Q K_j^T``, rescales the output, asks for ``P_{j-1} V_{j-1}``, waits for the
+scores only and runs their softmax, then waits for ``P V``.  Warpgroup MMAs are Hopper's: the
+kernels compile for compute capability 9.x only.
+
+- ``gluon_attention_kernel`` (``GLUON=1``): every warp loads and computes; P reaches its MMA
+  through shared memory (two buffers), so each warpgroup's softmax runs while its own ``P V``
+  is on the tensor cores.  Given in registers, ptxas reuses the operand's registers for the
+  softmax and waits for the MMA first, which serializes the two again.
+- ``gluon_attention_ws_kernel``: warp-specialized, a loader warp and two consumer warpgroups
+  of ``BLOCK_M / 2`` rows that share the K/V ring and never wait for each other (a stage is
+  refilled when both have arrived on its barrier).  ``GLUON=2`` passes P through shared
+  memory; ``GLUON=3`` in registers (one warpgroup's softmax then overlaps the other's
+  products rather than its own); ``GLUON=4`` adds a ping-pong: each consumer issues its MMAs
+  only after the other has issued its own.
 
 The views are two-dimensional, ``(batch * heads * seq, head_dim)``, so the sequence must be a
 multiple of both tiles (a block never reads into the next head); the kind's ``unrealizable``
@@ -242,7 +249,7 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     tma.store_wait(pendings=0)
 
 
-# -- GLUON=2: a loader warp and two consumer warpgroups --------------------------------------
+# -- GLUON=2, 3, 4: a loader warp and two consumer warpgroups ---------------------------------
 # Each partition function takes the same arguments (warp_specialize's rule for its workers):
 # the descriptors, the shared buffers and barriers as tuples, then the program's scalars.
 
@@ -336,7 +343,7 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               CAUSAL: gl.constexpr, P_REGS: gl.constexpr,
                               PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               num_warps: gl.constexpr):
-    """``GLUON=2``: BLOCK_M (128) queries of one (batch, head) a program, as two consumer
+    """``GLUON=2``, ``3``, ``4``: BLOCK_M (128) queries of one (batch, head) a program, as two consumer
     warpgroups of BLOCK_M / 2 rows (the default partition of 4 warps and a worker of 4) and a
     loader warp.  No barrier spans the program inside the loop: a consumer waits only for
     its own MMAs and the loader, and lets a K/V stage go by arriving on its barrier (two

@@ -8,15 +8,16 @@ On cards of compute capability 9.0 and later the pool adds ``TMA`` (the tiles mo
 tensor descriptors, harness/kinds/_attention_triton.py); an older card's pool and
 configuration keys are what they were, and a configuration without a knob means it at 0.
 
-``GLUON=1`` runs the Gluon kernel of harness/kinds/_attention_gluon.py instead, whose softmax
-overlaps the tensor cores (Hopper's warpgroup MMAs: compute capability 9.x only; it always
-moves its tiles by TMA, so it runs at ``TMA=1`` only, one warpgroup per 64 query rows, and
-``num_stages`` is its K/V ring).  ``GLUON=2`` is the same computation warp-specialized: a
-loader warp and two consumer warpgroups of 64 rows each (``num_warps`` 8 counts the
-consumers' warps; the program has 12) that never wait for each other.  ``prepare`` and
-``unrealizable`` know both; the pool takes the values in :attr:`Attention.gluon_pool`, none
-until the kernels' reference check has run on a GPU
-(``pytest -m gpu tests/test_attention_gluon.py``).
+``GLUON`` runs a Gluon kernel of harness/kinds/_attention_gluon.py instead (Hopper's warpgroup
+MMAs: compute capability 9.x only; tiles move by TMA, so it runs at ``TMA=1`` only, 16 query
+rows a warp, ``num_stages`` its K/V ring).  ``GLUON=1``: every warp loads and computes, P
+through shared memory.  ``GLUON=2``, ``3``, ``4``: warp-specialized, a loader warp and two
+consumer warpgroups of 64 rows that never wait for each other (``num_warps`` 8 counts the
+consumers' warps; the program has 12), P through shared memory (2) or in registers (3), and
+in 4 the consumers take turns at the tensor cores.  The pools of cards of compute capability
+9.x take the values in :attr:`Attention.gluon_pool`: 3 and 4, the fastest on an H100 (1 and 2
+were slower there than the Triton kernel, ``bench/attention_variants.py``); an older or newer
+card's pool and configuration keys are what they were.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
     monotone = ("TMA", "GLUON")
-    # the GLUON values the pools of cards of compute capability 9.x take (see the docstring)
+    # the GLUON values the pools of cards of compute capability 9.x take (see the docstring;
+    # the tests set every value to check them all)
     gluon_pool: tuple[int, ...] = (3, 4)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
