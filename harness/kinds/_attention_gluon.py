@@ -250,8 +250,8 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
 
 
 # -- GLUON=2, 3, 4: a loader warp and two consumer warpgroups ---------------------------------
-# Each partition function takes the same arguments (warp_specialize's rule for its workers):
-# the descriptors, the shared buffers and barriers as tuples, then the program's scalars.
+# The partitions take the descriptors, the shared buffers and barriers as tuples, then the
+# program's scalars and constexprs (a consumer also its index).
 
 @gluon.jit
 def _ws_loader(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
@@ -321,22 +321,6 @@ def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: g
 
 
 @gluon.jit
-def _ws_consumer0(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  P_REGS: gl.constexpr, PINGPONG: gl.constexpr):
-    _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N, STAGES,
-                 CAUSAL, P_REGS, PINGPONG, 0)
-
-
-@gluon.jit
-def _ws_consumer1(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  P_REGS: gl.constexpr, PINGPONG: gl.constexpr):
-    _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N, STAGES,
-                 CAUSAL, P_REGS, PINGPONG, 1)
-
-
-@gluon.jit
 def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -384,10 +368,10 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     # the argument tuples are written out: a tuple assigned to a name would turn the
     # constexprs in it into tensors
     gl.warp_specialize([
-        (_ws_consumer0, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                         STAGES, CAUSAL, P_REGS, PINGPONG)),
-        (_ws_consumer1, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                         STAGES, CAUSAL, P_REGS, PINGPONG)),
+        (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
+                        STAGES, CAUSAL, P_REGS, PINGPONG, 0)),
+        (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
+                        STAGES, CAUSAL, P_REGS, PINGPONG, 1)),
         (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
                       STAGES, CAUSAL, P_REGS, PINGPONG)),
     ], [4, 1], [CONSUMER_REGS, 24])
