@@ -38,6 +38,9 @@ def test_a_kernel_change_moves_the_revision_of_the_kinds_that_run_it_only(tmp_pa
     # the fold kernel of linear_norm is linear_norm's alone
     assert touched("_linear_norm_triton") == {"linear_norm"}
     before = _revs(root)
+    # attention's Gluon kernels are attention's
+    assert touched("_attention_gluon") == {"attention"}
+    before = _revs(root)
     # the row kinds' shared tile loader: the three row kinds, and norm_linear (its rms pass)
     assert touched("_rows_triton") == {"reduce", "rms_norm", "softmax", "norm_linear"}
     before = _revs(root)
