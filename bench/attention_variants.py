@@ -19,7 +19,7 @@ another order):
   while ``P_{j-1} V_{j-1}`` is on the tensor cores (its own tiles: one warpgroup per 64 query
   rows, ``num_stages`` its K/V ring);
 - ``gluon_ws``: the same warp-specialized (``GLUON=2``): a loader warp and two consumer
-  warpgroups of 64 rows that never wait for each other (128-row tiles, ``num_warps`` 8 the
+  warpgroups of 64 rows that meet at no block-wide barrier (128-row tiles, ``num_warps`` 8 the
   consumers');
 - ``gluon_ws_regs``: ``gluon_ws`` with P given to ``P V`` in registers (``GLUON=3``): no P
   tiles in shared memory, so a third K/V stage fits at head_dim 128;

@@ -29,10 +29,13 @@ from harness.cards import DEPLOYABLE, INTERPRETER, by_alias  # noqa: E402
 KIND = registry.get("attention")
 SHAPE = {"batch": 1, "heads": 2, "seq": 2048, "head_dim": 128, "causal": True, "dtype": "bf16"}
 GLUON = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "TMA": 1, "GLUON": 1}
-# sequences a multiple of 64 (and of 128 or not), causal and not, both head dims
+# sequences a multiple of 64 (and of 128 or not: the warp-specialized kernels' 128-row tiles),
+# causal and not, every head dim, both 16-bit types; seq 128 gives a program one K/V block
 SMALL = [{"batch": 2, "heads": 3, "seq": seq, "head_dim": d, "causal": causal, "dtype": dt}
          for seq, d, causal, dt in ((192, 64, True, "bf16"), (192, 64, False, "fp16"),
-                                    (384, 128, True, "bf16"), (256, 128, False, "bf16"))]
+                                    (384, 128, True, "bf16"), (256, 128, False, "bf16"),
+                                    (256, 32, True, "fp16"), (384, 16, False, "bf16"),
+                                    (256, 256, True, "fp16"), (128, 64, True, "fp16"))]
 
 
 @pytest.fixture
@@ -98,6 +101,11 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
     assert "not 5" in why["value"]
     assert KIND.unrealizable({**GLUON, "GLUON": 2, "BLOCK_M": 128, "num_warps": 8}, SHAPE,
                              h100) is None
+    # P in registers counts against them: 128x256 spills at head_dim 64 (ptxas, sm_90)
+    wide = {**GLUON, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3}
+    d64 = {**SHAPE, "head_dim": 64}
+    assert KIND.unrealizable({**wide, "GLUON": 0}, d64, h100) is None
+    assert "registers" in KIND.unrealizable({**wide, "GLUON": 3}, d64, h100)
     # Q 16 KiB + 3 stages of K and V 192 KiB + two P tiles 32 KiB: past the 227 KiB opt-in
     assert "shared memory" in why["smem"]
 
@@ -208,33 +216,45 @@ def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[Any, ...],
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [(2, 128, 128, 128, 8, 2, False), (3, 128, 128, 128, 8, 3, True),
-                                    (4, 128, 64, 64, 8, 2, True)])
-def test_the_warp_specialized_consumers_never_wait_for_each_other(config: tuple[Any, ...],
-                                                                  tmp_path: Path) -> None:
-    """``GLUON=2``, ``3`` and ``4``: every barrier in a consumer warpgroup's loop is of its
-    128 threads alone (the loader refills a stage when both have arrived on its barrier; the
-    ping-pong of ``GLUON=4`` is mbarriers too); the loader warp keeps 24 registers, the
-    consumers 240.  With P through shared memory (``GLUON=2``) each loop also overlaps its
-    softmax with its own ``P V``; with P in registers ptxas waits for ``P V`` first, and only
-    the other warpgroup overlaps it."""
+                                    (4, 128, 64, 64, 8, 2, True), (3, 128, 128, 64, 8, 5, True),
+                                    (4, 128, 64, 256, 8, 2, False)])
+def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tuple[Any, ...],
+                                                                      tmp_path: Path) -> None:
+    """``GLUON=2``, ``3`` and ``4`` (the last two configurations: the pools' largest tiles at
+    head_dim 64 and 256): no spill, and the warpgroup MMAs pipelined (ptxas waits after
+    every one of them when it spills or cannot pipeline); every barrier in a consumer
+    warpgroup's loop is of its 128 threads alone (the loader refills a stage when both have
+    arrived on its barrier); the loader warp keeps 24 registers, the consumers 240.  With P
+    through shared memory (``GLUON=2``) each loop also overlaps its softmax with its own
+    ``P V``; with P in registers ptxas waits for ``P V`` first, and only the other warpgroup
+    overlaps it.  ``GLUON=4`` passes the turn right after issuing its MMAs."""
     pytest.importorskip("torch")
     knobs, shape = _point(*config)
+    assert KIND.realizable(knobs, shape, by_alias("h100"))
     sass, usage = _sass(knobs, shape, tmp_path)
     assert re.search(r"STACK:0 ", usage) and "LOCAL:0" in usage, usage
     ops = _ops(sass)
+    mmas = sum(op.startswith("HGMMA") for op, _ in ops)
+    waits = sum(op == "WARPGROUP.DEPBAR.LE" for op, _ in ops)
+    assert 4 * waits <= mmas, f"{waits} waits for {mmas} warpgroup MMAs: serialized"
     loops = _waits(ops, "0x1")
     assert len(loops) == 2, f"{len(loops)} consumer loops"  # one a consumer warpgroup
     per_thread = knobs["BLOCK_M"] // 2 * knobs["BLOCK_N"] // 128
     for first in loops:
         second = next(i for i in _waits(ops, "0x0") if i > first)
-        # the loop's end: the arrival that lets the K/V stage go
+        # from the first block's wait (before the loop) to the arrival that lets a K/V stage
+        # go and the barrier after it
+        start = max(i for i in _waits(ops, "0x0") if i < first)
         end = next(i for i, (op, _) in enumerate(ops[second:], second)
                    if op.startswith("SYNCS.ARRIVE"))
         exps = sum(op == "MUFU.EX2" for op, _ in ops[first:second])
         if knobs["GLUON"] == 2:
             assert exps >= per_thread, f"{exps} of {per_thread} exponentials overlap P V"
-        bars = [args for op, args in ops[first:end] if op.startswith("BAR.SYNC")]
+        bars = [args for op, args in ops[start:end + 2] if op.startswith("BAR.SYNC")]
         assert bars and all(a.strip().endswith(", 0x80") for a in bars), bars
+        issued = max(i for i in range(first) if ops[i][0].startswith("HGMMA"))
+        passes = any(op.startswith("SYNCS.ARRIVE") for op, _ in ops[issued:first])
+        assert passes == (knobs["GLUON"] == 4), ops[issued:first]
     regs = {args.strip() for op, args in ops if op.startswith("USETMAXREG")}
     assert {"0x18", "0xf0"} <= {r.split(",")[-1].strip() for r in regs}, regs
 
@@ -242,8 +262,8 @@ def test_the_warp_specialized_consumers_never_wait_for_each_other(config: tuple[
 @pytest.mark.gpu
 def test_every_gluon_configuration_matches_the_reference(
         gluon_pool: None, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every Gluon configuration of every golden attention shape, and a seeded eight of each
-    small shape's, compiled ahead on the box's cores and checked by the bench worker (the
+    """Every Gluon configuration of every golden attention shape, and a seeded four of each
+    ``GLUON`` value of each small shape's, compiled ahead on the box's cores and checked by the bench worker (the
     check every sweep point passes before it is timed)."""
     from tests.live_gpu import check_points, hopper_card
 
@@ -257,10 +277,12 @@ def test_every_gluon_configuration_matches_the_reference(
         assert gluon, f"{g.shape_id}: no Gluon configuration on {card.name}"
         points += [(g.shape_id, g.shape, "gluon", k) for k in gluon]
     for i, shape in enumerate(SMALL):
-        gluon = [k for k in KIND.enumerate(shape, card) if k.get("GLUON")]
-        assert gluon, f"small{i}: no Gluon configuration on {card.name}"
-        points += [(f"small{i}", shape, "gluon", k)
-                   for k in random.Random(i).sample(gluon, min(8, len(gluon)))]
+        pool = KIND.enumerate(shape, card)
+        assert any(k.get("GLUON") for k in pool), f"small{i}: no Gluon configuration"
+        for value in (1, 2, 3, 4):  # a seeded four of each kernel form
+            gluon = [k for k in pool if k.get("GLUON") == value]
+            points += [(f"small{i}", shape, "gluon", k)
+                       for k in random.Random(i).sample(gluon, min(4, len(gluon)))]
     lines, failures = check_points("attention", points, card)
     with capsys.disabled():
         print(f"\n{card.name}: {len(points)} Gluon configurations\n" + "\n".join(lines))

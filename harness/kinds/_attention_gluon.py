@@ -12,8 +12,9 @@ kernels compile for compute capability 9.x only.
   is on the tensor cores.  Given in registers, ptxas reuses the operand's registers for the
   softmax and waits for the MMA first, which serializes the two again.
 - ``gluon_attention_ws_kernel``: warp-specialized, a loader warp and two consumer warpgroups
-  of ``BLOCK_M / 2`` rows that share the K/V ring and never wait for each other (a stage is
-  refilled when both have arrived on its barrier).  ``GLUON=2`` passes P through shared
+  of ``BLOCK_M / 2`` rows that share the K/V ring and meet at no block-wide barrier (a stage
+  is refilled when both have arrived on its barrier, so the one ahead waits at most for the
+  other to let a stage go).  ``GLUON=2`` passes P through shared
   memory; ``GLUON=3`` in registers (one warpgroup's softmax then overlaps the other's
   products rather than its own); ``GLUON=4`` adds a ping-pong: each consumer issues its MMAs
   only after the other has issued its own.
@@ -329,9 +330,9 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               num_warps: gl.constexpr):
     """``GLUON=2``, ``3``, ``4``: BLOCK_M (128) queries of one (batch, head) a program, as two consumer
     warpgroups of BLOCK_M / 2 rows (the default partition of 4 warps and a worker of 4) and a
-    loader warp.  No barrier spans the program inside the loop: a consumer waits only for
-    its own MMAs and the loader, and lets a K/V stage go by arriving on its barrier (two
-    arrivals free it).  ``q_desc`` and ``o_desc`` are of BLOCK_M / 2 rows."""
+    loader warp.  No barrier spans the program inside the loop: a consumer waits for its own
+    MMAs, the loader and (``PINGPONG``) its turn, and lets a K/V stage go by arriving on its
+    barrier (two arrivals free it).  ``q_desc`` and ``o_desc`` are of BLOCK_M / 2 rows."""
     dtype: gl.constexpr = q_desc.dtype
     HALF: gl.constexpr = BLOCK_M // 2
     start_m = gl.program_id(0)

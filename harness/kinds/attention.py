@@ -12,7 +12,7 @@ configuration keys are what they were, and a configuration without a knob means 
 MMAs: compute capability 9.x only; tiles move by TMA, so it runs at ``TMA=1`` only, 16 query
 rows a warp, ``num_stages`` its K/V ring).  ``GLUON=1``: every warp loads and computes, P
 through shared memory.  ``GLUON=2``, ``3``, ``4``: warp-specialized, a loader warp and two
-consumer warpgroups of 64 rows that never wait for each other (``num_warps`` 8 counts the
+consumer warpgroups of 64 rows that meet at no block-wide barrier (``num_warps`` 8 counts the
 consumers' warps; the program has 12), P through shared memory (2) or in registers (3), and
 in 4 the consumers take turns at the tensor cores.  The pools of cards of compute capability
 9.x take the values in :attr:`Attention.gluon_pool`: 3 and 4, the fastest on an H100 (1 and 2
@@ -90,6 +90,8 @@ class Attention(Kind):
             return f"shared memory {smem} B > opt-in {card.smem_optin} B"
         # fp32 output accumulator and score tile per thread; past ~192 it spills heavily
         regs = (bm * d + bm * bn) // (32 * warps)
+        if gluon >= 3:  # and P, held in registers for its MMA: two 16-bit values a register
+            regs += bm * bn // (64 * warps)
         if regs > 192:
             return f"accumulator and scores need {regs} registers per thread"
         if bm * d // (32 * warps) < 4:
