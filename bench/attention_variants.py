@@ -1,6 +1,6 @@
 """Reorderings of the attention kernel's TMA path, side by side with it and with SDPA.
 
-    python bench/attention_variants.py [--shapes TEXT] [--variants kernel,gluon_ws]  # on a GPU
+    python bench/attention_variants.py [--shapes TEXT] [--variants kernel,gluon_pingpong]  # GPU
     TRITON_INTERPRET=1 python bench/attention_variants.py --check-only --tiny   # on the CPU
 
 The kernel of ``harness/kinds/_attention_triton.py`` computes, per key/value block, the
@@ -64,7 +64,10 @@ GLUON_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2),
 GLUON_WS_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]
 GLUON_WS_REGS_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
                        (128, 128, 8, 3)]
+# the Gluon variants: their GLUON value and tiles
 GLUON_VALUE = {"gluon": 1, "gluon_ws": 2, "gluon_ws_regs": 3, "gluon_pingpong": 4}
+GLUON_TILES_OF = {"gluon": GLUON_TILES, "gluon_ws": GLUON_WS_TILES,
+                  "gluon_ws_regs": GLUON_WS_REGS_TILES, "gluon_pingpong": GLUON_WS_REGS_TILES}
 TINY_SHAPES = [{"batch": 1, "heads": 2, "seq": 80, "head_dim": 16, "causal": c, "dtype": "fp16"}
                for c in (0, 1)]
 TINY_TILES = [(32, 16, 1, 1), (32, 32, 1, 1)]
@@ -251,9 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             best: tuple[float, str] | None = None
             wrong = checked = 0
-            own = {"gluon": GLUON_TILES, "gluon_ws": GLUON_WS_TILES,
-                   "gluon_ws_regs": GLUON_WS_REGS_TILES, "gluon_pingpong": GLUON_WS_REGS_TILES}
-            for bm, bn, warps, stages in own.get(variant, tiles):
+            for bm, bn, warps, stages in GLUON_TILES_OF.get(variant, tiles):
                 knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
                 if bn > shape["seq"] or bm > max(16, triton.next_power_of_2(shape["seq"])):
                     continue

@@ -144,12 +144,12 @@ def test_kill_9_of_the_controller_the_next_run_waits_for_the_orphan_and_merges_i
     # the orphan's rows, then (where it was still measuring when the wait ended, on a busy
     # machine) the second run's of what it had left: every point once
     orphan, *rest = sorted((tmp_path / "box" / "rows").glob("bench-*/own-matmul.jsonl"))
-    rows = [json.loads(line) for f in (orphan, *rest) for line in f.read_text().splitlines()]
-    keys = [r["point_key"] for r in rows]
+    rows = {f.parent.name: [json.loads(line) for line in f.read_text().splitlines()]
+            for f in (orphan, *rest)}
+    keys = [r["point_key"] for file_rows in rows.values() for r in file_rows]
     # on a failure: how many rows each file holds, by status, and how the second run ended
-    tally = {f.parent.name: sorted(Counter(json.loads(line).get("status")
-                                           for line in f.read_text().splitlines()).items())
-             for f in (orphan, *rest)}
+    tally = {name: sorted(Counter(r.get("status") for r in file_rows).items())
+             for name, file_rows in rows.items()}
     assert len(keys) == len(set(keys)) == 38, (tally, unwrapped(out)[-4000:])
     assert orphan.read_text().count("\n") > 0 and len(rest) <= 1
     if not rest:  # it finished its job while the second run waited

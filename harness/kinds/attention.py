@@ -231,8 +231,7 @@ def gluon_launch(knobs: Knobs, shape: Shape) -> tuple[str, int, dict[str, Any]]:
         # the loader gives back all but 24, each consumer warpgroup takes 240
         return ("gluon_attention_ws_kernel", bm // 2,
                 {**common, "P_REGS": knobs["GLUON"] >= 3, "PINGPONG": knobs["GLUON"] == 4,
-                 "CONSUMER_REGS": 240,
-                 "num_warps": 4, "maxnreg": 168})
+                 "CONSUMER_REGS": 240, "num_warps": 4, "maxnreg": 168})
     return "gluon_attention_kernel", bm, {**common, "num_warps": knobs["num_warps"]}
 
 
