@@ -263,8 +263,8 @@ def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tu
 def test_every_gluon_configuration_matches_the_reference(
         gluon_pool: None, capsys: pytest.CaptureFixture[str]) -> None:
     """Every Gluon configuration of every golden attention shape, and a seeded four of each
-    ``GLUON`` value of each small shape's, compiled ahead on the box's cores and checked by the bench worker (the
-    check every sweep point passes before it is timed)."""
+    ``GLUON`` value of each small shape's, compiled ahead on the box's cores and checked by the
+    bench worker (the check every sweep point passes before it is timed)."""
     from tests.live_gpu import check_points, hopper_card
 
     card = hopper_card("cannot run the Gluon kernel")

@@ -330,9 +330,9 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               num_warps: gl.constexpr):
     """``GLUON=2``, ``3``, ``4``: BLOCK_M (128) queries of one (batch, head) a program, as two
     consumer warpgroups of BLOCK_M / 2 rows (the default partition of 4 warps and a worker of
-    4) and a loader warp.  No barrier spans the program inside the loop: a consumer waits for its own
-    MMAs, the loader and (``PINGPONG``) its turn, and lets a K/V stage go by arriving on its
-    barrier (two arrivals free it).  ``q_desc`` and ``o_desc`` are of BLOCK_M / 2 rows."""
+    4) and a loader warp.  No barrier spans the program inside the loop: a consumer waits for
+    its own MMAs, the loader and (``PINGPONG``) its turn, and lets a K/V stage go by arriving
+    on its barrier (two arrivals free it).  ``q_desc`` and ``o_desc`` are of BLOCK_M / 2 rows."""
     dtype: gl.constexpr = q_desc.dtype
     HALF: gl.constexpr = BLOCK_M // 2
     start_m = gl.program_id(0)
