@@ -222,6 +222,7 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     first_row = start_m * BLOCK_M
 
     mbarrier.wait(q_bar, 0)
+    # no ping-pong here: the turn barriers and consumer index passed are not used
     p, alpha, m_i, l_i = _first_block(q_smem, k_smem, k_bars, p_smem, 0, zero_s, m_i, l_i,
                                       qk_scale, first_row, k_bars, BLOCK_M, BLOCK_N, CAUSAL,
                                       False, 0, False, s_layout)
