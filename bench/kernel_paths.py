@@ -2,14 +2,16 @@
 
 For every golden shape of the matmul-like kinds and attention (or the kinds named), a small
 grid of tiles is run on each path the card realizes (GEMM template: pointers; TMA; TMA +
-persistent; TMA + persistent + subtiled epilogue; attention: pointers; TMA), checked against
+persistent; TMA + persistent + subtiled epilogue; the warp-specialized Gluon GEMM on a 9.x
+card; attention: pointers; TMA), checked against
 the fp32 reference with the kind's tolerance, and timed with ``triton.testing.do_bench``
 (median) beside torch's own op (cuBLAS for the linears, SDPA for attention) and, with
 ``--compile``, torch.compile's kernel (max-autotune).  Prints one line per shape (the best
 configuration of each path over torch's time) and writes every measurement as JSON lines to
 ``--out``.
 
-    python bench/kernel_paths.py [--kinds matmul,attention] [--compile] [--out paths.jsonl]
+    python bench/kernel_paths.py [--kinds matmul,attention] [--paths tma_persistent,gluon]
+                                 [--compile] [--out paths.jsonl]
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ KINDS = ("matmul", "norm_linear", "mlp_geglu", "linear_norm", "attention")
 PATHS = {"ptr": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0},
          "tma": {"TMA": 1, "PERSISTENT": 0, "SUBTILE": 0},
          "tma_persistent": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0},
-         "tma_persistent_subtile": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1}}
+         "tma_persistent_subtile": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1},
+         "gluon": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0, "GLUON": 1}}
+# the Gluon GEMM's own grid: two consumer warpgroups (8 warps), each a whole tile's
+# accumulator, so BLOCK_M * BLOCK_N at most 128 * 128
+GLUON_TILES = [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 128, 64, 8, 8, 5),
+               (128, 128, 128, 8, 8, 3), (64, 256, 64, 8, 8, 4), (128, 64, 64, 8, 8, 5),
+               (64, 128, 64, 8, 8, 6)]
+GLUON_KINDS = ("matmul", "norm_linear", "linear_norm")
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILES = [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 4),
                  (128, 128, 128, 8, 8, 3), (256, 128, 64, 8, 8, 3), (64, 256, 64, 8, 4, 4)]
@@ -46,22 +55,36 @@ ATTENTION_PATHS = {"ptr": {"TMA": 0}, "tma": {"TMA": 1}}
 OWN = {"norm_linear": [{"PROLOGUE": 0}, {"PROLOGUE": 1}, {"PROLOGUE": 2}], "linear_norm": [{"ROW_PROGRAM": 0}]}
 
 
-def paths(kind_name: str) -> dict[str, dict]:
-    return ATTENTION_PATHS if kind_name == "attention" else PATHS
+def path_of(kind_name: str, knobs: dict) -> str:
+    table = ATTENTION_PATHS if kind_name == "attention" else PATHS
+    return next(p for p, v in table.items()
+                if all(knobs.get(k, 0) == v.get(k, 0) for k in ("TMA", "PERSISTENT", "SUBTILE",
+                                                                "GLUON")))
 
 
-def candidates(kind_name: str, shape: dict) -> list[dict]:
+def candidates(kind_name: str, shape: dict, only: set[str] | None = None) -> list[dict]:
+    """The grid of ``kind_name`` on ``shape``: every path's (or those in ``only``)."""
     if kind_name == "attention":
         return [{"BLOCK_M": bm, "BLOCK_N": bn, **path, "num_warps": w, "num_stages": s}
-                for (bm, bn, w, s), path in itertools.product(ATTENTION_TILES,
-                                                               ATTENTION_PATHS.values())]
+                for (bm, bn, w, s), (name, path) in itertools.product(ATTENTION_TILES,
+                                                                       ATTENTION_PATHS.items())
+                if not only or name in only]
     tiles = (DECODE_TILES if shape["M"] <= 64 else
              GEGLU_PREFILL_TILES if kind_name == "mlp_geglu" else PREFILL_TILES)
     out = []
-    for (bm, bn, bk, gm, w, s), path, own in itertools.product(
-            tiles, PATHS.values(), OWN.get(kind_name, [{}])):
-        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": gm, **own, **path,
-                    "num_warps": w, "num_stages": s})
+    for name, path in PATHS.items():
+        if only and name not in only:
+            continue
+        if name == "gluon":
+            if kind_name not in GLUON_KINDS or shape["M"] <= 64:
+                continue
+            owns = [{"PROLOGUE": 2}] if kind_name == "norm_linear" else OWN.get(kind_name, [{}])
+            grid = GLUON_TILES
+        else:
+            owns, grid = OWN.get(kind_name, [{}]), tiles
+        for (bm, bn, bk, gm, w, s), own in itertools.product(grid, owns):
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": gm, **own,
+                        **path, "num_warps": w, "num_stages": s})
     return out
 
 
@@ -71,6 +94,8 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true",
                     help="also time torch.compile's kernel (max-autotune) on each shape")
     ap.add_argument("--shapes", default="", help="only shape ids containing this text")
+    ap.add_argument("--paths", default="", help="only these paths (comma-separated): "
+                    + ", ".join(sorted({*PATHS, *ATTENTION_PATHS})))
     ap.add_argument("--out", default="kernel_paths.jsonl")
     args = ap.parse_args()
 
@@ -84,13 +109,17 @@ def main() -> int:
     from harness.cards import DEPLOYABLE, card_from_probe
     from harness.points import make_spec
 
+    only = set(filter(None, args.paths.split(",")))
+    if unknown := only - {*PATHS, *ATTENTION_PATHS}:
+        ap.error(f"unknown paths {sorted(unknown)}; paths: "
+                 + ", ".join(sorted({*PATHS, *ATTENTION_PATHS})))
     card = card_from_probe(probe())
     print(f"card {card.name} cc {card.cc}", flush=True)
     from harness.box.compiler import CompilePool, default_workers
 
     todo = [(kind_name, g, knobs) for kind_name in args.kinds.split(",")
             for g in goldens.shapes(DEPLOYABLE, kinds=[kind_name]) if args.shapes in g.shape_id
-            for knobs in candidates(kind_name, g.shape)
+            for knobs in candidates(kind_name, g.shape, only)
             if not registry.get(kind_name).unrealizable(knobs, g.shape, card)]
     compiler = CompilePool(default_workers(), target=("cuda", card.cc[0] * 10 + card.cc[1], 32))
     for kind_name, g, knobs in todo:  # compiled ahead on the box's cores, in measuring order
@@ -120,11 +149,10 @@ def main() -> int:
                           f"{str(exc)[:200]}", flush=True)
             best: dict[str, tuple[float, str]] = {}
             wrong = 0
-            for knobs in candidates(kind_name, g.shape):
+            for knobs in candidates(kind_name, g.shape, only):
                 if kind.unrealizable(knobs, g.shape, card):
                     continue
-                path = next(p for p, v in paths(kind_name).items()
-                            if all(knobs[k] == x for k, x in v.items()))
+                path = path_of(kind_name, knobs)
                 compiler.wait(f"{g.shape_id}/{make_spec(knobs)}", 600)
                 rec = {"kind": kind_name, "shape_id": g.shape_id, "spec": make_spec(knobs),
                        "path": path, "torch_us": torch_us, "compile_us": compile_us}

@@ -477,18 +477,20 @@ def test_an_anchor_recorded_before_the_tma_knobs_means_the_pointer_path() -> Non
     built = pools.build(by_alias("h200"), anchors=[anchor], shapes=[g])
     assert built.skipped_anchors == []
     assert built.shapes[0].own_anchors == [old.replace(
-        "GROUP_M=8,", "GROUP_M=8,PERSISTENT=0,SUBTILE=0,TMA=0,")]
+        "GROUP_M=8,", "GLUON=0,GROUP_M=8,PERSISTENT=0,SUBTILE=0,TMA=0,")]
     # its TMA variants are one and two knob steps away: in the own slice
     own = {p.spec for p in built.shapes[0].points if p.slice == "own"}
-    assert old.replace("GROUP_M=8,", "GROUP_M=8,PERSISTENT=1,SUBTILE=0,TMA=1,") in own
+    assert old.replace("GROUP_M=8,", "GLUON=0,GROUP_M=8,PERSISTENT=1,SUBTILE=0,TMA=1,") in own
     on_l40s = pools.build(by_alias("l40s"), anchors=[anchor], shapes=[g])
     assert on_l40s.shapes[0].own_anchors == [] and on_l40s.shapes[0].cross_anchors == [old]
 # the copy-engine paths of each kind that has them, as knob values
 KIND_PATHS: dict[str, dict[str, dict[str, int]]] = {
-    **{kind_name: {"pointers": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0},
-                   "tma": {"TMA": 1, "PERSISTENT": 0, "SUBTILE": 0},
-                   "tma+persistent": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0},
-                   "tma+persistent+subtile": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1}}
+    # the Triton template's paths (GLUON=0; tests/test_gemm_gluon.py checks the Gluon GEMM)
+    **{kind_name: {"pointers": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0, "GLUON": 0},
+                   "tma": {"TMA": 1, "PERSISTENT": 0, "SUBTILE": 0, "GLUON": 0},
+                   "tma+persistent": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0, "GLUON": 0},
+                   "tma+persistent+subtile": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1,
+                                              "GLUON": 0}}
        for kind_name in GEMM_KINDS},
     "attention": {"pointers": {"TMA": 0}, "tma": {"TMA": 1}},
 }
@@ -520,7 +522,7 @@ def test_every_copy_engine_path_matches_the_reference_on_every_golden_shape(
     for shape_id, shape in shapes:
         pool = kind.enumerate(shape, card)
         for path, values in KIND_PATHS[kind_name].items():
-            on_path = [k for k in pool if all(k[key] == v for key, v in values.items())]
+            on_path = [k for k in pool if all(k.get(key, 0) == v for key, v in values.items())]
             assert on_path, f"{shape_id}: no {path} spec realizes on {card.name}"
             rng = random.Random(f"{shape_id}/{path}")
             points += [(shape_id, shape, path, knobs)

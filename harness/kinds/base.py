@@ -43,6 +43,11 @@ GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3
 # configuration keys are what they always were.  PERSISTENT and SUBTILE run on the TMA path.
 GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTILE": [0, 1]}
 
+# The warp-specialized Gluon GEMM (harness/kinds/_gemm_gluon.py): Hopper's warpgroup MMAs,
+# so swept on compute capability 9.x only, by the kinds whose GEMM is the plain one or has
+# the per-row sums' epilogue (matmul, norm_linear's workspace scheme, linear_norm).
+GEMM_GLUON: dict[str, list[Any]] = {"GLUON": [0, 1]}
+
 
 # The row kinds' L2 cache hints (reduce, rms_norm, softmax, on a GPU): 0 the hardware's
 # default; 1 a read of data read once is ``evict_first`` and a read of data read again (the
@@ -68,12 +73,16 @@ def completed(knobs: Mapping[str, Any], space: Mapping[str, list[Any]]) -> dict[
             **knobs}
 
 
-def gemm_space(card: Card, own: Mapping[str, list[Any]] | None = None) -> dict[str, list[Any]]:
+def gemm_space(card: Card, own: Mapping[str, list[Any]] | None = None, *,
+               gluon: bool = False) -> dict[str, list[Any]]:
     """The knob space of a matmul-like kind on a GPU: tiles, the kind's ``own`` knobs, the
-    copy-engine paths where the card has them, launch knobs."""
+    copy-engine paths where the card has them (and the Gluon GEMM on a 9.x card, where the
+    kind runs it: ``gluon``), launch knobs."""
     space: dict[str, list[Any]] = {**GEMM_TILES, **(own or {})}
     if card.cc >= (9, 0):
         space.update(GEMM_HOPPER)
+    if gluon and card.cc[0] == 9:
+        space.update(GEMM_GLUON)
     return {**space, **GEMM_LAUNCH}
 
 
@@ -83,6 +92,8 @@ def gemm_path_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
     tma = knobs.get("TMA", 0)
     if not tma and (knobs.get("PERSISTENT", 0) or knobs.get("SUBTILE", 0)):
         return "PERSISTENT and SUBTILE run on the TMA path only"
+    if knobs.get("GLUON", 0) and (why := gluon_gemm_misfit(knobs, shape, card)):
+        return why
     if tma and card.regime != INTERPRET and card.cc < (9, 0):
         return f"TMA needs compute capability 9.0 or later; {card.name} has {card.cc}"
     if tma:
@@ -91,6 +102,30 @@ def gemm_path_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
             return "a tensor descriptor needs rows of a multiple of 16 bytes (K and N)"
         if knobs.get("SUBTILE", 0) and knobs["BLOCK_N"] < 32:
             return "SUBTILE halves BLOCK_N: it needs BLOCK_N >= 32"
+    return None
+
+
+def gluon_gemm_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
+                      card: Card) -> str | None:
+    """Why the Gluon GEMM (``GLUON=1``) cannot take this configuration."""
+    if card.regime == INTERPRET:
+        return "the Gluon GEMM does not run in the interpreter"
+    if card.cc[0] != 9:
+        return f"the Gluon GEMM's warpgroup MMAs are Hopper's (compute capability 9.x); " \
+               f"{card.name} has {card.cc}"
+    if not (knobs.get("TMA", 0) and knobs.get("PERSISTENT", 0)) or knobs.get("SUBTILE", 0):
+        return "the Gluon GEMM is persistent and moves whole tiles by TMA: it is measured " \
+               "at TMA=1, PERSISTENT=1, SUBTILE=0"
+    if shape["dtype"] not in ("fp16", "bf16"):
+        return f"the Gluon GEMM takes 16-bit inputs, not {shape['dtype']}"
+    if knobs["num_warps"] != 8:
+        return f"the Gluon GEMM has two consumer warpgroups: num_warps 8, not " \
+               f"{knobs['num_warps']}"
+    if knobs["BLOCK_M"] < 64:
+        return f"a warpgroup's MMA is 64 rows: BLOCK_M {knobs['BLOCK_M']} < 64"
+    if knobs["BLOCK_M"] * knobs["BLOCK_N"] > 128 * 128:
+        return "each consumer warpgroup holds a whole tile's accumulator: BLOCK_M * " \
+               "BLOCK_N past 128 * 128 needs more than 128 registers a thread"
     return None
 
 
@@ -104,6 +139,8 @@ def gemm_smem(knobs: Mapping[str, Any], shape: Mapping[str, Any], b_tiles: int =
     e = DTYPE_BYTES[shape["dtype"]]
     bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
     smem = knobs["num_stages"] * (bm * bk + b_tiles * bn * bk) * e
+    if knobs.get("GLUON", 0):  # a staging buffer for each consumer warpgroup, and barriers
+        return smem + 2 * bm * bn * e + 1024
     if knobs.get("TMA", 0):
         if knobs.get("SUBTILE", 0):
             smem += bm * bn * e // 2
@@ -139,6 +176,10 @@ def gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, *, b2: Any = None, wn: Any
         if t is not None and t.stride(-1) != 1:
             raise ValueError(f"the GEMM template needs {name} contiguous in its last dimension")
     bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+    if knobs.get("GLUON", 0):
+        if prologue or epilogue not in (0, 2):
+            raise ValueError(f"the Gluon GEMM has no prologue {prologue} or epilogue {epilogue}")
+        return _gluon_gemm_launch(knobs, a, b, c, ss, epilogue)
     tma, persistent = knobs.get("TMA", 0), knobs.get("PERSISTENT", 0)
     subtile = knobs.get("SUBTILE", 0)
     tiles = cdiv(m, bm) * cdiv(n, bn)
@@ -166,6 +207,36 @@ def gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, *, b2: Any = None, wn: Any
             PROLOGUE=prologue, EPILOGUE=epilogue, TMA=tma, PERSISTENT=persistent,
             SUBTILE=subtile, EVEN_K=int(k % bk == 0),
             num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
+
+    return launch
+
+
+def _gluon_gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, ss: Any,
+                       epilogue: int) -> Callable[[], Any]:
+    """``GLUON=1``: the warp-specialized GEMM of harness/kinds/_gemm_gluon.py, one program
+    per SM; epilogue 2 also writes the tiles' per-row sums of squares into ``ss``."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from harness.kinds._gemm_gluon import gluon_gemm_kernel
+
+    bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+    descs = []
+    for t, block in ((a, [bm, bk]), (b, [bn, bk]), (c, [bm, bn])):
+        gl_dtype = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}[str(t.dtype)]
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+        descs.append(TensorDescriptor.from_tensor(t, block, layout))
+    m, n = c.shape
+    progs = min(cdiv(m, bm) * cdiv(n, bn), _sm_count(a))
+    ss_ = a if ss is None else ss  # a pointer the kernel never reads without the sums
+    stride_sm = 0 if ss is None else ss.stride(0)
+    # 12 warps (two consumer warpgroups and the loader's) of 168 registers fill the register
+    # file; the loader gives back all but 24, each consumer warpgroup takes 240
+    def launch() -> Any:
+        return gluon_gemm_kernel[(progs,)](
+            *descs, ss_, m, n, a.shape[1], stride_sm, progs, GROUP_M=knobs["GROUP_M"],
+            STAGES=knobs["num_stages"], EPILOGUE=epilogue, CONSUMER_REGS=240,
+            num_warps=4, maxnreg=168)
 
     return launch
 

@@ -23,6 +23,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    GEMM_GLUON,
     GEMM_HOPPER,
     Kind,
     Knobs,
@@ -53,14 +54,14 @@ def fold_config(m: int, n: int) -> tuple[int, int]:
 class LinearNorm(Kind):
     name = "linear_norm"
     fields = ("M", "N", "K", "dtype")
-    monotone = tuple(GEMM_HOPPER)
+    monotone = (*GEMM_HOPPER, *GEMM_GLUON)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 2], "ROW_PROGRAM": [0, 1], "num_warps": [1],
                     "num_stages": [1]}
-        return gemm_space(card, {"ROW_PROGRAM": [0, 1]})
+        return gemm_space(card, {"ROW_PROGRAM": [0, 1]}, gluon=True)
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]

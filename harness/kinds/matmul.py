@@ -8,6 +8,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    GEMM_GLUON,
     GEMM_HOPPER,
     Kind,
     Knobs,
@@ -26,13 +27,13 @@ from harness.kinds.base import (
 class Matmul(Kind):
     name = "matmul"
     fields = ("M", "N", "K", "dtype")
-    monotone = tuple(GEMM_HOPPER)
+    monotone = (*GEMM_HOPPER, *GEMM_GLUON)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 4], "num_warps": [1, 2], "num_stages": [1, 2]}
-        return gemm_space(card)
+        return gemm_space(card, gluon=True)
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]

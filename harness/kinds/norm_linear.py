@@ -15,6 +15,7 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
+    GEMM_GLUON,
     GEMM_HOPPER,
     Kind,
     Knobs,
@@ -36,18 +37,20 @@ EPS = 1e-6
 class NormLinear(Kind):
     name = "norm_linear"
     fields = ("M", "N", "K", "dtype")
-    monotone = tuple(GEMM_HOPPER)
+    monotone = (*GEMM_HOPPER, *GEMM_GLUON)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
             return {"BLOCK_M": [16, 32], "BLOCK_N": [16, 32], "BLOCK_K": [16, 32],
                     "GROUP_M": [1, 2], "PROLOGUE": [0, 1, 2], "num_warps": [1],
                     "num_stages": [1]}
-        return gemm_space(card, {"PROLOGUE": [0, 1, 2]})
+        return gemm_space(card, {"PROLOGUE": [0, 1, 2]}, gluon=True)
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
         warps, stages = knobs["num_warps"], knobs["num_stages"]
+        if knobs.get("GLUON", 0) and knobs["PROLOGUE"] != 2:
+            return "the Gluon GEMM runs the workspace scheme only (PROLOGUE=2)"
         if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape, card):
             return why
         if self.is_interpret(card):
