@@ -25,6 +25,8 @@ sys.path.insert(0, str(ROOT))
 from harness import goldens  # noqa: E402
 from harness import kinds as registry  # noqa: E402
 from harness.cards import DEPLOYABLE, INTERPRETER, by_alias  # noqa: E402
+from tests.sm90 import ops as sass_ops  # noqa: E402
+from tests.sm90 import sass_of  # noqa: E402
 
 KIND = registry.get("attention")
 SHAPE = {"batch": 1, "heads": 2, "seq": 2048, "head_dim": 128, "causal": True, "dtype": "bf16"}
@@ -128,17 +130,8 @@ def test_the_gluon_knob_is_monotone(gluon_pool: None) -> None:
 
 def _sass(knobs: dict[str, Any], shape: dict[str, Any], cache: Path) -> tuple[str, str]:
     """(nvdisasm's SASS, cuobjdump's resource usage) of one configuration, compiled for
-    compute capability 9.0 in a subprocess with its own Triton cache, launched as ``prepare``
-    launches it (``gluon_launch``)."""
-    code = f"""
-import sys
-sys.path.insert(0, {str(ROOT)!r})
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.runtime.jit import mangle_type
+    compute capability 9.0, launched as ``prepare`` launches it (``gluon_launch``)."""
+    return sass_of(f"""
 from harness.kinds import _attention_gluon
 from harness.kinds.attention import gluon_launch
 knobs, shape = {knobs!r}, {shape!r}
@@ -155,25 +148,7 @@ sig.update({{k: "constexpr" for k in const}})
 options = {{k: launch[k] for k in ("num_warps", "maxnreg") if k in launch}}
 ck = triton.compile(GluonASTSource(getattr(_attention_gluon, name), sig, const),
                     target=GPUTarget("cuda", 90, 32), options=options)
-sys.stdout.buffer.write(ck.asm["cubin"])
-"""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(cache)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    cubin = cache / "k.cubin"
-    cubin.write_bytes(proc.stdout)
-    import triton
-
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], capture_output=True,
-                          text=True, check=True).stdout
-    usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(cubin)],
-                           capture_output=True, text=True, check=True).stdout
-    return sass, usage
+""", cache)
 
 
 def _point(gluon: int, bm: int, bn: int, d: int, warps: int, stages: int,
@@ -182,10 +157,6 @@ def _point(gluon: int, bm: int, bn: int, d: int, warps: int, stages: int,
              "GLUON": gluon}
     return knobs, {"batch": 1, "heads": 1, "seq": 4096, "head_dim": d, "causal": causal,
                    "dtype": "bf16"}
-
-
-def _ops(sass: str) -> list[tuple[str, str]]:
-    return re.findall(r"\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
 
 
 def _waits(ops: list[tuple[str, str]], outstanding: str) -> list[int]:
@@ -202,7 +173,7 @@ def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[Any, ...],
     knobs, shape = _point(*config)
     sass, usage = _sass(knobs, shape, tmp_path)
     assert re.search(r"STACK:0 ", usage) and "LOCAL:0" in usage, usage
-    ops = _ops(sass)
+    ops = sass_ops(sass)
     # the loop's wait for the scores (one MMA group still in flight: P V), then for P V
     first = _waits(ops, "0x1")[0]
     second = next(i for i in _waits(ops, "0x0") if i > first)
@@ -233,7 +204,7 @@ def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tu
     assert KIND.realizable(knobs, shape, by_alias("h100"))
     sass, usage = _sass(knobs, shape, tmp_path)
     assert re.search(r"STACK:0 ", usage) and "LOCAL:0" in usage, usage
-    ops = _ops(sass)
+    ops = sass_ops(sass)
     mmas = sum(op.startswith("HGMMA") for op, _ in ops)
     waits = sum(op == "WARPGROUP.DEPBAR.LE" for op, _ in ops)
     assert 4 * waits <= mmas, f"{waits} waits for {mmas} warpgroup MMAs: serialized"

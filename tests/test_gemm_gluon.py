@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import random
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,8 @@ sys.path.insert(0, str(ROOT))
 from harness import goldens  # noqa: E402
 from harness import kinds as registry  # noqa: E402
 from harness.cards import DEPLOYABLE, INTERPRETER, by_alias  # noqa: E402
+from tests.sm90 import ops as sass_ops  # noqa: E402
+from tests.sm90 import sass_of  # noqa: E402
 
 KINDS = ("matmul", "norm_linear", "linear_norm")
 OWN = {"matmul": {}, "norm_linear": {"PROLOGUE": 2}, "linear_norm": {"ROW_PROGRAM": 0}}
@@ -123,17 +124,8 @@ def test_the_gluon_knob_is_monotone(name: str) -> None:
 
 def _sass(knobs: dict[str, Any], epilogue: int, cache: Path) -> tuple[str, str]:
     """(nvdisasm's SASS, cuobjdump's resource usage) of one configuration, compiled for
-    compute capability 9.0 in a subprocess with its own Triton cache, launched as
-    ``gemm_launch`` launches it."""
-    code = f"""
-import sys
-sys.path.insert(0, {str(ROOT)!r})
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.runtime.jit import mangle_type
+    compute capability 9.0, launched as ``gemm_launch`` launches it."""
+    return sass_of(f"""
 from harness.kinds import _gemm_gluon
 knobs = {knobs!r}
 bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
@@ -148,25 +140,7 @@ const = dict(GROUP_M=knobs["GROUP_M"], STAGES=knobs["num_stages"], EPILOGUE={epi
 sig.update({{k: "constexpr" for k in const}})
 ck = triton.compile(GluonASTSource(_gemm_gluon.gluon_gemm_kernel, sig, const),
                     target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4, "maxnreg": 168}})
-sys.stdout.buffer.write(ck.asm["cubin"])
-"""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(cache)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    cubin = cache / "k.cubin"
-    cubin.write_bytes(proc.stdout)
-    import triton
-
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], capture_output=True,
-                          text=True, check=True).stdout
-    usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(cubin)],
-                           capture_output=True, text=True, check=True).stdout
-    return sass, usage
+""", cache)
 
 
 @pytest.mark.slow
@@ -187,7 +161,7 @@ def test_the_gluon_gemm_compiles_to_a_loader_and_two_consumer_warpgroups(
     mmas = re.findall(r"HGMMA\.64x(\d+)x16", sass)
     # a warpgroup's MMA is 64 rows: BLOCK_M / 64 of them a k16 step, BLOCK_K / 16 steps
     assert len(mmas) == 2 * (bm // 64) * (bk // 16) and set(mmas) == {str(bn)}
-    ops = re.findall(r"\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    ops = sass_ops(sass)
     waits = [i for i, (op, _) in enumerate(ops) if op == "SYNCS.PHASECHK.TRANS64.TRYWAIT"]
     arrives = [i for i, (op, _) in enumerate(ops) if op.startswith("SYNCS.ARRIVE")]
     hgmma = [i for i, (op, _) in enumerate(ops) if op.startswith("HGMMA")]
