@@ -6,6 +6,7 @@ them for any catalog card to show what a budget buys before anything is rented.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,8 +43,8 @@ class Point:
     def tier(self) -> int:
         """The order a job measures its points in: 0 the card's own anchors (one or two a
         shape, so a short sweep has each shape's known best), 1 what people ship (the rules,
-        the tutorial lists, the baselines), 2 one knob step from an anchor, 3 the rest, drawn
-        at random."""
+        the tutorial lists, the baselines), 2 one knob step from an anchor (or nearest it on a
+        kernel it has not run: :func:`path_twins`), 3 the rest, drawn at random."""
         if self.steps == 0:
             return 0
         if self.first:
@@ -80,6 +81,46 @@ class PoolSet:
                 if c[s]:
                     out[s][sp.golden.kind][sp.golden.shape_id] = c[s]
         return {s: dict(v) for s, v in out.items()}
+
+
+def path_twins(anchors: list[dict[str, Any]], spec_knobs: dict[str, dict[str, Any]],
+               path_knobs: Iterable[str], exclude: Iterable[str] = (),
+               per_value: int = 4) -> list[str]:
+    """For each anchor and each value of a path knob (one that picks another kernel) that the
+    anchor does not take, the specs of that value nearest the anchor in knob steps (at most
+    ``per_value``; among those as many steps away, the nearest in the knobs' values, by the
+    sum of their log2 ratios).  They carry an anchor's measured neighbourhood over to a
+    kernel it has not run, so a short sweep measures the new kernel where the old was best."""
+    skip = set(exclude)
+    out: list[str] = []
+    for knob in path_knobs:
+        values: dict[Any, list[str]] = defaultdict(list)
+        for spec, knobs in spec_knobs.items():
+            if knob in knobs and spec not in skip:
+                values[knobs[knob]].append(spec)
+        for a in anchors:
+            for value, specs in values.items():
+                if a.get(knob) == value:
+                    continue
+                dist = {x: knob_distance(spec_knobs[x], a) for x in specs}
+                if dist:
+                    near = min(dist.values())
+                    ties = sorted((x for x in specs if dist[x] == near),
+                                  key=lambda x: _value_gap(spec_knobs[x], a))
+                    out += [x for x in ties if x not in out][:per_value]
+    return out
+
+
+def _value_gap(knobs: dict[str, Any], other: dict[str, Any]) -> float:
+    """How far apart two configurations' numeric knob values are: the sum of the absolute
+    log2 ratios of the positive ones they share."""
+    gap = 0.0
+    for key, value in knobs.items():
+        theirs = other.get(key)
+        if (isinstance(value, int) and isinstance(theirs, int) and value > 0 and theirs > 0
+                and value != theirs):
+            gap += abs(math.log2(value / theirs))
+    return gap
 
 
 def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = None,
@@ -128,6 +169,13 @@ def build(card: Card, *, kinds: list[str] | None = None, filter: str | None = No
         own_knobs = [spec_knobs[a] for a in own]
         steps = {x: d for x in sliced["own"] if own_knobs
                  and (d := min(knob_distance(spec_knobs[x], a, limit=1) for a in own_knobs)) <= 1}
+        # a kernel the anchors do not run (Kind.path_knobs): its configurations nearest each
+        # anchor count as the anchor's neighbours, in the own slice wherever they fell
+        for x in path_twins(own_knobs, spec_knobs, kind.path_knobs, exclude=first):
+            if x not in sliced["own"]:
+                sliced = {s: [y for y in specs if y != x] for s, specs in sliced.items()}
+                sliced["own"].append(x)
+            steps.setdefault(x, 1)
         pts = sorted((Point(key=point_key(card.name, g.shape_id, spec), gpu=card.name,
                             kind=g.kind, shape_id=g.shape_id, spec=spec, slice=s,
                             shape=dict(g.shape), knobs=dict(spec_knobs[spec]),

@@ -206,3 +206,32 @@ def test_the_gluon_gemm_matches_the_reference(name: str, capsys: pytest.CaptureF
     with capsys.disabled():
         print(f"\n{card.name}: {name}, {len(points)} Gluon configurations\n" + "\n".join(lines))
     assert not failures, failures
+
+
+def test_a_sweep_measures_the_gluon_gemm_nearest_each_anchor_early() -> None:
+    """An anchor on the Triton kernel (128x256 tiles, which the Gluon GEMM cannot hold) brings
+    the Gluon configurations nearest it into the own slice with its neighbours (tier 2), so a
+    short sweep times the new kernel where the old one was best."""
+    from harness import pools
+    from harness.kinds.base import completed
+    from harness.points import knob_distance, make_spec
+
+    h200 = by_alias("h200")
+    kind = registry.get("matmul")
+    g = next(g for g in goldens.shapes(DEPLOYABLE, kinds=["matmul"]) if g.shape == SHAPE)
+    anchor = {**GLUON, "BLOCK_N": 256, "SUBTILE": 1, "GLUON": 0}
+    built = pools.build(h200, shapes=[g], anchors=[goldens.Anchor(
+        gpu=h200.name, kind="matmul", shape_id=g.shape_id, spec=make_spec(anchor))])
+    points = built.shapes[0].points
+    twins = [p for p in points if p.knobs.get("GLUON")]
+    early = [p for p in twins if p.tier == 2]
+    assert early and all(p.slice == "own" for p in early)
+    gluon = [k for k in kind.enumerate(SHAPE, h200) if k.get("GLUON")]
+    nearest = min(knob_distance(k, anchor) for k in gluon)
+    assert nearest == 3  # BLOCK_N (or BLOCK_M), SUBTILE and GLUON
+    assert all(knob_distance(p.knobs, anchor) == nearest for p in early)
+    assert {**GLUON, "num_stages": 4} in [p.knobs for p in early]
+    # every other Gluon configuration is where the slicing put it, drawn at random
+    assert all(p.tier == 3 for p in twins if p not in early)
+    assert completed(anchor, kind.knob_space(SHAPE, h200)) in [p.knobs for p in points
+                                                               if p.tier == 0]

@@ -45,6 +45,7 @@ class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
     monotone = ("TMA", "GLUON")
+    path_knobs = ("GLUON",)
     # the GLUON values the pools of cards of compute capability 9.x take (see the docstring;
     # the tests set every value to check them all)
     gluon_pool: tuple[int, ...] = (3, 4)

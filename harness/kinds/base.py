@@ -268,6 +268,9 @@ class Kind:
     # knobs whose other values only ever add to what a configuration needs (shared memory,
     # a newer card): where a configuration fails with their first values, it fails with all
     monotone: tuple[str, ...] = ()
+    # knobs that pick another kernel (GLUON): a sweep measures, with an anchor's neighbours,
+    # the configurations of each value the anchor does not take nearest to it (pools.path_twins)
+    path_knobs: tuple[str, ...] = ()
 
     # -- pure part ---------------------------------------------------------------------------
     def shape_id(self, shape: Shape) -> str:

@@ -55,6 +55,7 @@ class LinearNorm(Kind):
     name = "linear_norm"
     fields = ("M", "N", "K", "dtype")
     monotone = (*GEMM_HOPPER, *GEMM_GLUON)
+    path_knobs = tuple(GEMM_GLUON)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):

@@ -28,6 +28,7 @@ class Matmul(Kind):
     name = "matmul"
     fields = ("M", "N", "K", "dtype")
     monotone = (*GEMM_HOPPER, *GEMM_GLUON)
+    path_knobs = tuple(GEMM_GLUON)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
