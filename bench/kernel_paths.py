@@ -32,12 +32,15 @@ PATHS = {"ptr": {"TMA": 0, "PERSISTENT": 0, "SUBTILE": 0},
          "tma": {"TMA": 1, "PERSISTENT": 0, "SUBTILE": 0},
          "tma_persistent": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0},
          "tma_persistent_subtile": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 1},
-         "gluon": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0, "GLUON": 1}}
-# the Gluon GEMM's own grid: two consumer warpgroups (8 warps), each a whole tile's
-# accumulator, so BLOCK_M * BLOCK_N at most 128 * 128
-GLUON_TILES = [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 128, 64, 8, 8, 5),
-               (128, 128, 128, 8, 8, 3), (64, 256, 64, 8, 8, 4), (128, 64, 64, 8, 8, 5),
-               (64, 128, 64, 8, 8, 6)]
+         "gluon": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0, "GLUON": 1},
+         "gluon_coop": {"TMA": 1, "PERSISTENT": 1, "SUBTILE": 0, "GLUON": 2}}
+# the Gluon GEMM's own grids: two consumer warpgroups (8 warps), each holding a whole tile's
+# accumulator in ping-pong (BLOCK_M * BLOCK_N at most 128 * 128), half of it if cooperative
+GLUON_TILES = {"gluon": [(128, 128, 64, 8, 8, 4), (128, 128, 64, 8, 8, 5),
+                         (64, 256, 64, 8, 8, 4), (128, 128, 32, 8, 8, 5)],
+               "gluon_coop": [(128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3),
+                              (128, 256, 32, 8, 8, 4), (128, 128, 64, 8, 8, 5),
+                              (128, 256, 64, 4, 8, 3), (128, 256, 64, 16, 8, 3)]}
 GLUON_KINDS = ("matmul", "norm_linear", "linear_norm")
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
 PREFILL_TILES = [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 4),
@@ -75,11 +78,11 @@ def candidates(kind_name: str, shape: dict, only: set[str] | None = None) -> lis
     for name, path in PATHS.items():
         if only and name not in only:
             continue
-        if name == "gluon":
+        if name in GLUON_TILES:
             if kind_name not in GLUON_KINDS or shape["M"] <= 64:
                 continue
             owns = [{"PROLOGUE": 2}] if kind_name == "norm_linear" else OWN.get(kind_name, [{}])
-            grid = GLUON_TILES
+            grid = GLUON_TILES[name]
         else:
             owns, grid = OWN.get(kind_name, [{}]), tiles
         for (bm, bn, bk, gm, w, s), own in itertools.product(grid, owns):

@@ -1,4 +1,5 @@
-"""The GEMM template's warp-specialized Gluon path (``GLUON=1``, harness/kinds/_gemm_gluon.py).
+"""The GEMM template's warp-specialized Gluon paths (``GLUON`` 1 ping-pong, 2 cooperative,
+harness/kinds/_gemm_gluon.py).
 
 Without a GPU: which pools take the knob and which configurations realize, that the knob is
 monotone (the lazy enumeration loses nothing), and the kernel compiled for compute capability
@@ -34,6 +35,7 @@ OWN = {"matmul": {}, "norm_linear": {"PROLOGUE": 2}, "linear_norm": {"ROW_PROGRA
 SHAPE = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
 GLUON = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 1,
          "PERSISTENT": 1, "SUBTILE": 0, "GLUON": 1, "num_warps": 8, "num_stages": 4}
+COOP = {**GLUON, "BLOCK_N": 256, "GLUON": 2, "num_stages": 3}
 # M, N and K past a multiple of every tile; one output tile (the second consumer has none);
 # one K step; more tiles than two a program on any card; fp16
 RAGGED = [{"M": m, "N": n, "K": k, "dtype": dt}
@@ -43,15 +45,15 @@ RAGGED = [{"M": m, "N": n, "K": k, "dtype": dt}
 
 
 def test_the_hopper_pools_of_three_gemm_kinds_take_the_gluon_gemm() -> None:
-    """A 9.x card's pool of matmul, norm_linear and linear_norm takes ``GLUON`` 0 and 1;
+    """A 9.x card's pool of matmul, norm_linear and linear_norm takes ``GLUON`` 0, 1 and 2;
     mlp_geglu's does not (its second weight), nor does any other card's, so their keys are
     what they were."""
     for name in KINDS:
         kind = registry.get(name)
         for alias in ("h100", "h200"):
             pool = kind.enumerate(SHAPE, by_alias(alias))
-            assert {k.get("GLUON") for k in pool} == {0, 1}, (name, alias)
-            assert {**GLUON, **OWN[name]} in pool
+            assert {k.get("GLUON") for k in pool} == {0, 1, 2}, (name, alias)
+            assert {**GLUON, **OWN[name]} in pool and {**COOP, **OWN[name]} in pool
         for alias in ("a100", "l40s", "b200", "rtx5090"):
             assert not any("GLUON" in k for k in kind.enumerate(SHAPE, by_alias(alias)))
     geglu = registry.get("mlp_geglu").enumerate({**SHAPE, "M": 2048}, by_alias("h100"))
@@ -64,8 +66,12 @@ def test_the_gluon_gemm_realizes_only_where_it_can_run() -> None:
     whole = kind.enumerate(SHAPE, h100)
     pool = [k for k in whole if k.get("GLUON")]
     assert all(k["TMA"] == k["PERSISTENT"] == 1 and k["SUBTILE"] == 0 and k["num_warps"] == 8
-               and k["BLOCK_M"] >= 64 and k["BLOCK_M"] * k["BLOCK_N"] <= 128 * 128
                for k in pool)
+    # a consumer's rows: the whole tile's in ping-pong, half in the cooperative form
+    assert all(k["BLOCK_M"] // k["GLUON"] >= 64
+               and k["BLOCK_M"] // k["GLUON"] * k["BLOCK_N"] <= 128 * 128 for k in pool)
+    assert {(k["BLOCK_M"], k["BLOCK_N"]) for k in pool if k["GLUON"] == 2} >= {(128, 256),
+                                                                                (256, 128)}
     # the Triton kernel keeps the same configurations
     keys = {tuple(sorted(k.items())) for k in whole}
     assert all(tuple(sorted({**k, "GLUON": 0}.items())) in keys for k in pool)
@@ -78,7 +84,10 @@ def test_the_gluon_gemm_realizes_only_where_it_can_run() -> None:
         "fp32": kind.unrealizable(GLUON, {**SHAPE, "dtype": "fp32"}, h100),
         "warps": kind.unrealizable({**GLUON, "num_warps": 4}, SHAPE, h100),
         "rows": kind.unrealizable({**GLUON, "BLOCK_M": 32}, SHAPE, h100),
+        "coop rows": kind.unrealizable({**COOP, "BLOCK_M": 64, "BLOCK_N": 128}, SHAPE, h100),
         "acc": kind.unrealizable({**GLUON, "BLOCK_N": 256}, SHAPE, h100),
+        "coop acc": kind.unrealizable({**COOP, "BLOCK_M": 256}, SHAPE, h100),
+        "value": kind.unrealizable({**GLUON, "GLUON": 3}, SHAPE, h100),
         "smem": kind.unrealizable({**GLUON, "BLOCK_K": 128, "num_stages": 3}, SHAPE, h100),
         "prologue": registry.get("norm_linear").unrealizable({**GLUON, "PROLOGUE": 1}, SHAPE,
                                                              h100),
@@ -92,8 +101,12 @@ def test_the_gluon_gemm_realizes_only_where_it_can_run() -> None:
     assert "TMA=1, PERSISTENT=1, SUBTILE=0" in why["subtile"]
     assert "fp32" in why["fp32"]
     assert "num_warps 8, not 4" in why["warps"]
-    assert "BLOCK_M 32 < 64" in why["rows"]
-    assert "128 registers" in why["acc"]
+    assert "64 rows: GLUON=1 gives each consumer 32 rows" in why["rows"]
+    assert "GLUON=2 gives each consumer 32 rows of BLOCK_M 64" in why["coop rows"]
+    assert "128 x 256" in why["acc"] and "128 registers" in why["acc"]
+    assert "128 x 256" in why["coop acc"]
+    assert "not 3" in why["value"]
+    assert kind.unrealizable(COOP, SHAPE, h100) is None
     # A and B 32 KiB a stage for 3 stages, and two 32 KiB output tiles: past the opt-in
     assert "shared memory" in why["smem"]
     assert "PROLOGUE=2" in why["prologue"]
@@ -129,14 +142,15 @@ def _sass(knobs: dict[str, Any], epilogue: int, cache: Path) -> tuple[str, str]:
 from harness.kinds import _gemm_gluon
 knobs = {knobs!r}
 bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+rows = bm // knobs["GLUON"]
 t = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
 sig = {{}}
-for arg, block in (("a_desc", [bm, bk]), ("b_desc", [bn, bk]), ("c_desc", [bm, bn])):
+for arg, block in (("a_desc", [bm, bk]), ("b_desc", [bn, bk]), ("c_desc", [rows, bn])):
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
     sig[arg] = mangle_type(TensorDescriptor.from_tensor(t, block, layout))
 sig.update(ss_ptr="*fp32", M="i32", N="i32", K="i32", stride_sm="i32", num_progs="i32")
 const = dict(GROUP_M=knobs["GROUP_M"], STAGES=knobs["num_stages"], EPILOGUE={epilogue},
-             CONSUMER_REGS=240, num_warps=4)
+             COOP=knobs["GLUON"] == 2, CONSUMER_REGS=240, num_warps=4)
 sig.update({{k: "constexpr" for k in const}})
 ck = triton.compile(GluonASTSource(_gemm_gluon.gluon_gemm_kernel, sig, const),
                     target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4, "maxnreg": 168}})
@@ -144,23 +158,26 @@ ck = triton.compile(GluonASTSource(_gemm_gluon.gluon_gemm_kernel, sig, const),
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tile,epilogue", [((128, 128, 64, 4), 0), ((128, 128, 64, 4), 2),
-                                           ((256, 64, 64, 4), 2), ((64, 256, 64, 3), 0)])
+@pytest.mark.parametrize("tile,epilogue,gluon", [
+    ((128, 128, 64, 4), 0, 1), ((128, 128, 64, 4), 2, 1), ((256, 64, 64, 4), 2, 1),
+    ((64, 256, 64, 3), 0, 1), ((128, 256, 64, 3), 2, 2), ((256, 128, 64, 3), 0, 2)])
 def test_the_gluon_gemm_compiles_to_a_loader_and_two_consumer_warpgroups(
-        tile: tuple[int, ...], epilogue: int, tmp_path: Path) -> None:
+        tile: tuple[int, ...], epilogue: int, gluon: int, tmp_path: Path) -> None:
     """The largest accumulators of the pool, with and without the sums' epilogue: no spill;
     the loader keeps 24 registers and each consumer warpgroup takes 240; the MMAs are
     Hopper's (``HGMMA``), one K step's worth in each consumer's loop; every barrier between
     a consumer's first wait for a stage and its release of the last is of 128 threads."""
     pytest.importorskip("torch")
     bm, bn, bk, stages = tile
-    knobs = {**GLUON, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_stages": stages}
+    knobs = {**GLUON, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_stages": stages,
+             "GLUON": gluon}
     sass, usage = _sass(knobs, epilogue, tmp_path)
     assert re.search(r"STACK:0 SHARED:\d+ LOCAL:0", usage), usage
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass and "0xf0" in sass
     mmas = re.findall(r"HGMMA\.64x(\d+)x16", sass)
-    # a warpgroup's MMA is 64 rows: BLOCK_M / 64 of them a k16 step, BLOCK_K / 16 steps
-    assert len(mmas) == 2 * (bm // 64) * (bk // 16) and set(mmas) == {str(bn)}
+    # a warpgroup's MMA is 64 rows: a consumer's rows / 64 of them a k16 step, BLOCK_K / 16
+    # steps, in each of the two consumers' loops
+    assert len(mmas) == 2 * (bm // gluon // 64) * (bk // 16) and set(mmas) == {str(bn)}
     ops = sass_ops(sass)
     waits = [i for i, (op, _) in enumerate(ops) if op == "SYNCS.PHASECHK.TRANS64.TRYWAIT"]
     arrives = [i for i, (op, _) in enumerate(ops) if op.startswith("SYNCS.ARRIVE")]
@@ -178,10 +195,13 @@ def _points(shape_id: str, shape: dict[str, Any], name: str, card: Any, n: int, 
     kind = registry.get(name)
     gluon = [k for k in kind.enumerate(shape, card) if k.get("GLUON")]
     assert gluon, f"{name} {shape_id}: no Gluon configuration on {card.name}"
-    picked = random.Random(seed).sample(gluon, min(n, len(gluon)))
-    favourite = {**GLUON, **OWN[name]}
-    if favourite in gluon and favourite not in picked:
-        picked.append(favourite)
+    picked = []
+    for value in (1, 2):  # n of each form, and the bench's favourite tiles
+        of_value = [k for k in gluon if k["GLUON"] == value]
+        picked += random.Random(seed).sample(of_value, min(n, len(of_value)))
+        favourite = {**(GLUON if value == 1 else COOP), **OWN[name]}
+        if favourite in gluon and favourite not in picked:
+            picked.append(favourite)
     return [(shape_id, shape, "gluon", k) for k in picked]
 
 
@@ -189,8 +209,9 @@ def _points(shape_id: str, shape: dict[str, Any], name: str, card: Any, n: int, 
 @pytest.mark.parametrize("name", KINDS)
 def test_the_gluon_gemm_matches_the_reference(name: str, capsys: pytest.CaptureFixture[str]
                                               ) -> None:
-    """Seeded Gluon configurations of every golden prefill shape (and 128x128x64 with 4
-    stages) and of the ragged shapes, compiled ahead and checked by the bench worker."""
+    """Seeded configurations of each Gluon form of every golden prefill shape (and the
+    bench's favourite tiles of each) and of the ragged shapes, compiled ahead and checked by
+    the bench worker."""
     from tests.live_gpu import check_points, hopper_card
 
     card = hopper_card("has no TMA paths")
@@ -199,9 +220,9 @@ def test_the_gluon_gemm_matches_the_reference(name: str, capsys: pytest.CaptureF
     points = []
     for g in goldens.shapes(DEPLOYABLE, kinds=[name]):
         if g.shape["M"] > 64:
-            points += _points(g.shape_id, g.shape, name, card, 4, g.shape_id)
+            points += _points(g.shape_id, g.shape, name, card, 3, g.shape_id)
     for i, shape in enumerate(RAGGED):
-        points += _points(f"ragged{i}", shape, name, card, 3, f"{name}/{i}")
+        points += _points(f"ragged{i}", shape, name, card, 2, f"{name}/{i}")
     lines, failures = check_points(name, points, card)
     with capsys.disabled():
         print(f"\n{card.name}: {name}, {len(points)} Gluon configurations\n" + "\n".join(lines))

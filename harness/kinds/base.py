@@ -43,10 +43,10 @@ GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3
 # configuration keys are what they always were.  PERSISTENT and SUBTILE run on the TMA path.
 GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTILE": [0, 1]}
 
-# The warp-specialized Gluon GEMM (harness/kinds/_gemm_gluon.py): Hopper's warpgroup MMAs,
-# so swept on compute capability 9.x only, by the kinds whose GEMM is the plain one or has
+# The warp-specialized Gluon GEMM (harness/kinds/_gemm_gluon.py), 1 ping-pong, 2 cooperative:
+# Hopper's warpgroup MMAs, so swept on compute capability 9.x only, by the kinds whose GEMM is the plain one or has
 # the per-row sums' epilogue (matmul, norm_linear's workspace scheme, linear_norm).
-GEMM_GLUON: dict[str, list[Any]] = {"GLUON": [0, 1]}
+GEMM_GLUON: dict[str, list[Any]] = {"GLUON": [0, 1, 2]}
 
 
 # The row kinds' L2 cache hints (reduce, rms_norm, softmax, on a GPU): 0 the hardware's
@@ -107,7 +107,8 @@ def gemm_path_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
 
 def gluon_gemm_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
                       card: Card) -> str | None:
-    """Why the Gluon GEMM (``GLUON=1``) cannot take this configuration."""
+    """Why the Gluon GEMM (``GLUON`` 1 ping-pong, 2 cooperative) cannot take this
+    configuration."""
     if card.regime == INTERPRET:
         return "the Gluon GEMM does not run in the interpreter"
     if card.cc[0] != 9:
@@ -121,11 +122,17 @@ def gluon_gemm_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
     if knobs["num_warps"] != 8:
         return f"the Gluon GEMM has two consumer warpgroups: num_warps 8, not " \
                f"{knobs['num_warps']}"
-    if knobs["BLOCK_M"] < 64:
-        return f"a warpgroup's MMA is 64 rows: BLOCK_M {knobs['BLOCK_M']} < 64"
-    if knobs["BLOCK_M"] * knobs["BLOCK_N"] > 128 * 128:
-        return "each consumer warpgroup holds a whole tile's accumulator: BLOCK_M * " \
-               "BLOCK_N past 128 * 128 needs more than 128 registers a thread"
+    if knobs["GLUON"] not in (1, 2):
+        return f"GLUON takes 0 (the Triton kernel), 1 (ping-pong) or 2 (cooperative), " \
+               f"not {knobs['GLUON']}"
+    # a consumer warpgroup's rows of a tile: all of them in ping-pong, half if cooperative
+    rows = knobs["BLOCK_M"] // knobs["GLUON"]
+    if rows < 64:
+        return f"a warpgroup's MMA is 64 rows: GLUON={knobs['GLUON']} gives each consumer " \
+               f"{rows} rows of BLOCK_M {knobs['BLOCK_M']}"
+    if rows * knobs["BLOCK_N"] > 128 * 128:
+        return f"a consumer warpgroup's accumulator of {rows} x {knobs['BLOCK_N']} needs " \
+               f"more than 128 registers a thread"
     return None
 
 
@@ -139,8 +146,8 @@ def gemm_smem(knobs: Mapping[str, Any], shape: Mapping[str, Any], b_tiles: int =
     e = DTYPE_BYTES[shape["dtype"]]
     bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
     smem = knobs["num_stages"] * (bm * bk + b_tiles * bn * bk) * e
-    if knobs.get("GLUON", 0):  # a staging buffer for each consumer warpgroup, and barriers
-        return smem + 2 * bm * bn * e + 1024
+    if knobs.get("GLUON", 0):  # a staging buffer for each consumer's rows, and barriers
+        return smem + 2 * (bm // knobs["GLUON"]) * bn * e + 1024
     if knobs.get("TMA", 0):
         if knobs.get("SUBTILE", 0):
             smem += bm * bn * e // 2
@@ -213,7 +220,7 @@ def gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, *, b2: Any = None, wn: Any
 
 def _gluon_gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, ss: Any,
                        epilogue: int) -> Callable[[], Any]:
-    """``GLUON=1``: the warp-specialized GEMM of harness/kinds/_gemm_gluon.py, one program
+    """``GLUON`` 1 or 2: the warp-specialized GEMM of harness/kinds/_gemm_gluon.py, one program
     per SM; epilogue 2 also writes the tiles' per-row sums of squares into ``ss``."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -221,8 +228,9 @@ def _gluon_gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, ss: Any,
     from harness.kinds._gemm_gluon import gluon_gemm_kernel
 
     bm, bn, bk = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["BLOCK_K"]
+    coop = knobs["GLUON"] == 2  # each consumer stores half of a tile's rows
     descs = []
-    for t, block in ((a, [bm, bk]), (b, [bn, bk]), (c, [bm, bn])):
+    for t, block in ((a, [bm, bk]), (b, [bn, bk]), (c, [bm // 2 if coop else bm, bn])):
         gl_dtype = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}[str(t.dtype)]
         layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
         descs.append(TensorDescriptor.from_tensor(t, block, layout))
@@ -235,7 +243,7 @@ def _gluon_gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, ss: Any,
     def launch() -> Any:
         return gluon_gemm_kernel[(progs,)](
             *descs, ss_, m, n, a.shape[1], stride_sm, progs, GROUP_M=knobs["GROUP_M"],
-            STAGES=knobs["num_stages"], EPILOGUE=epilogue, CONSUMER_REGS=240,
+            STAGES=knobs["num_stages"], EPILOGUE=epilogue, COOP=coop, CONSUMER_REGS=240,
             num_warps=4, maxnreg=168)
 
     return launch
