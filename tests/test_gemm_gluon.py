@@ -44,7 +44,28 @@ RAGGED = [{"M": m, "N": n, "K": k, "dtype": dt}
                               (2048, 4096, 72, "fp16"), (4096, 4096, 256, "bf16"))]
 
 
-def test_the_hopper_pools_of_three_gemm_kinds_take_the_gluon_gemm() -> None:
+@pytest.fixture
+def every_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pools take both forms, whichever the project ships (GEMM_GLUON_POOL)."""
+    from harness.kinds import base
+
+    monkeypatch.setattr(base, "GEMM_GLUON_POOL", base.GEMM_GLUON_FORMS)
+
+
+def test_the_shipped_pools_take_the_forms_named() -> None:
+    """As shipped, a Hopper pool of the three kinds takes ``GLUON`` 0 and the forms of
+    GEMM_GLUON_POOL (none: no ``GLUON`` key at all, the keys as they were)."""
+    from harness.kinds.base import GEMM_GLUON_POOL
+
+    for name in KINDS:
+        pool = registry.get(name).enumerate(SHAPE, by_alias("h100"))
+        if GEMM_GLUON_POOL:
+            assert {k["GLUON"] for k in pool} == {0, *GEMM_GLUON_POOL}
+        else:
+            assert not any("GLUON" in k for k in pool)
+
+
+def test_the_hopper_pools_of_three_gemm_kinds_take_the_gluon_gemm(every_form: None) -> None:
     """A 9.x card's pool of matmul, norm_linear and linear_norm takes ``GLUON`` 0, 1 and 2;
     mlp_geglu's does not (its second weight), nor does any other card's, so their keys are
     what they were."""
@@ -60,7 +81,7 @@ def test_the_hopper_pools_of_three_gemm_kinds_take_the_gluon_gemm() -> None:
     assert geglu and not any("GLUON" in k for k in geglu)
 
 
-def test_the_gluon_gemm_realizes_only_where_it_can_run() -> None:
+def test_the_gluon_gemm_realizes_only_where_it_can_run(every_form: None) -> None:
     h100 = by_alias("h100")
     kind = registry.get("matmul")
     whole = kind.enumerate(SHAPE, h100)
@@ -117,7 +138,7 @@ def test_the_gluon_gemm_realizes_only_where_it_can_run() -> None:
 
 
 @pytest.mark.parametrize("name", KINDS)
-def test_the_gluon_knob_is_monotone(name: str) -> None:
+def test_the_gluon_knob_is_monotone(name: str, every_form: None) -> None:
     """Trying ``GLUON=1`` only where ``GLUON=0`` realizes loses no configuration: the pool is
     the realizable part of the whole knob product, in its order (a prefill and a decode
     shape of each kind)."""
@@ -207,8 +228,8 @@ def _points(shape_id: str, shape: dict[str, Any], name: str, card: Any, n: int, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", KINDS)
-def test_the_gluon_gemm_matches_the_reference(name: str, capsys: pytest.CaptureFixture[str]
-                                              ) -> None:
+def test_the_gluon_gemm_matches_the_reference(name: str, capsys: pytest.CaptureFixture[str],
+                                              every_form: None) -> None:
     """Seeded configurations of each Gluon form of every golden prefill shape (and the
     bench's favourite tiles of each) and of the ragged shapes, compiled ahead and checked by
     the bench worker."""
@@ -229,7 +250,7 @@ def test_the_gluon_gemm_matches_the_reference(name: str, capsys: pytest.CaptureF
     assert not failures, failures
 
 
-def test_a_sweep_measures_the_gluon_gemm_nearest_each_anchor_early() -> None:
+def test_a_sweep_measures_the_gluon_gemm_nearest_each_anchor_early(every_form: None) -> None:
     """An anchor on the Triton kernel (128x256 tiles, which the Gluon GEMM cannot hold) brings
     the Gluon configurations nearest it into the own slice with its neighbours (tier 2), so a
     short sweep times the new kernel where the old one was best."""

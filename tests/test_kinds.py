@@ -29,6 +29,7 @@ if __name__ == "__main__":  # run as the interpreter subprocess: the repo root i
 from harness import goldens, pools  # noqa: E402
 from harness import kinds as registry  # noqa: E402
 from harness.cards import DEPLOYABLE, INTERPRET, INTERPRETER, by_alias, by_name  # noqa: E402
+from harness.kinds.base import GEMM_GLUON_POOL  # noqa: E402
 from harness.points import make_spec, parse_spec  # noqa: E402
 from harness.shipped import ROW_KINDS  # noqa: E402
 
@@ -476,11 +477,13 @@ def test_an_anchor_recorded_before_the_tma_knobs_means_the_pointer_path() -> Non
                             spec=old)
     built = pools.build(by_alias("h200"), anchors=[anchor], shapes=[g])
     assert built.skipped_anchors == []
+    # the Gluon GEMM's knob too, where the Hopper pools take it (0: the Triton kernel)
+    gluon = "GLUON=0," if GEMM_GLUON_POOL else ""
     assert built.shapes[0].own_anchors == [old.replace(
-        "GROUP_M=8,", "GLUON=0,GROUP_M=8,PERSISTENT=0,SUBTILE=0,TMA=0,")]
+        "GROUP_M=8,", f"{gluon}GROUP_M=8,PERSISTENT=0,SUBTILE=0,TMA=0,")]
     # its TMA variants are one and two knob steps away: in the own slice
     own = {p.spec for p in built.shapes[0].points if p.slice == "own"}
-    assert old.replace("GROUP_M=8,", "GLUON=0,GROUP_M=8,PERSISTENT=1,SUBTILE=0,TMA=1,") in own
+    assert old.replace("GROUP_M=8,", f"{gluon}GROUP_M=8,PERSISTENT=1,SUBTILE=0,TMA=1,") in own
     on_l40s = pools.build(by_alias("l40s"), anchors=[anchor], shapes=[g])
     assert on_l40s.shapes[0].own_anchors == [] and on_l40s.shapes[0].cross_anchors == [old]
 # the copy-engine paths of each kind that has them, as knob values

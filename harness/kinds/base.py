@@ -43,10 +43,13 @@ GEMM_LAUNCH: dict[str, list[Any]] = {"num_warps": [2, 4, 8], "num_stages": [2, 3
 # configuration keys are what they always were.  PERSISTENT and SUBTILE run on the TMA path.
 GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTILE": [0, 1]}
 
-# The warp-specialized Gluon GEMM (harness/kinds/_gemm_gluon.py), 1 ping-pong, 2 cooperative:
-# Hopper's warpgroup MMAs, so swept on compute capability 9.x only, by the kinds whose GEMM is the plain one or has
-# the per-row sums' epilogue (matmul, norm_linear's workspace scheme, linear_norm).
-GEMM_GLUON: dict[str, list[Any]] = {"GLUON": [0, 1, 2]}
+# The warp-specialized Gluon GEMM (harness/kinds/_gemm_gluon.py): ``GLUON`` 1 ping-pong, 2
+# cooperative.  Hopper's warpgroup MMAs, so only a pool of compute capability 9.x takes it,
+# and only for the kinds whose GEMM is the plain one or has the per-row sums' epilogue
+# (matmul, norm_linear's workspace scheme, linear_norm); GEMM_GLUON_POOL names the forms
+# the pools take (README, "The Gluon GEMM": which ones were measured, and how fast).
+GEMM_GLUON_FORMS: tuple[int, ...] = (1, 2)
+GEMM_GLUON_POOL: tuple[int, ...] = (1, 2)
 
 
 # The row kinds' L2 cache hints (reduce, rms_norm, softmax, on a GPU): 0 the hardware's
@@ -81,8 +84,8 @@ def gemm_space(card: Card, own: Mapping[str, list[Any]] | None = None, *,
     space: dict[str, list[Any]] = {**GEMM_TILES, **(own or {})}
     if card.cc >= (9, 0):
         space.update(GEMM_HOPPER)
-    if gluon and card.cc[0] == 9:
-        space.update(GEMM_GLUON)
+    if gluon and card.cc[0] == 9 and GEMM_GLUON_POOL:
+        space["GLUON"] = [0, *GEMM_GLUON_POOL]
     return {**space, **GEMM_LAUNCH}
 
 
@@ -122,7 +125,7 @@ def gluon_gemm_misfit(knobs: Mapping[str, Any], shape: Mapping[str, Any],
     if knobs["num_warps"] != 8:
         return f"the Gluon GEMM has two consumer warpgroups: num_warps 8, not " \
                f"{knobs['num_warps']}"
-    if knobs["GLUON"] not in (1, 2):
+    if knobs["GLUON"] not in GEMM_GLUON_FORMS:
         return f"GLUON takes 0 (the Triton kernel), 1 (ping-pong) or 2 (cooperative), " \
                f"not {knobs['GLUON']}"
     # a consumer warpgroup's rows of a tile: all of them in ping-pong, half if cooperative

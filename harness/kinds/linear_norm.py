@@ -23,7 +23,6 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
-    GEMM_GLUON,
     GEMM_HOPPER,
     Kind,
     Knobs,
@@ -54,8 +53,8 @@ def fold_config(m: int, n: int) -> tuple[int, int]:
 class LinearNorm(Kind):
     name = "linear_norm"
     fields = ("M", "N", "K", "dtype")
-    monotone = (*GEMM_HOPPER, *GEMM_GLUON)
-    path_knobs = tuple(GEMM_GLUON)
+    monotone = (*GEMM_HOPPER, "GLUON")
+    path_knobs = ("GLUON",)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):

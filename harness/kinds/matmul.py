@@ -8,7 +8,6 @@ from typing import Any
 from harness.cards import Card
 from harness.kinds.base import (
     DTYPE_BYTES,
-    GEMM_GLUON,
     GEMM_HOPPER,
     Kind,
     Knobs,
@@ -27,8 +26,8 @@ from harness.kinds.base import (
 class Matmul(Kind):
     name = "matmul"
     fields = ("M", "N", "K", "dtype")
-    monotone = (*GEMM_HOPPER, *GEMM_GLUON)
-    path_knobs = tuple(GEMM_GLUON)
+    monotone = (*GEMM_HOPPER, "GLUON")
+    path_knobs = ("GLUON",)
 
     def knob_space(self, shape: Shape, card: Card) -> dict[str, list[Any]]:
         if self.is_interpret(card):
