@@ -375,16 +375,22 @@ def test_a_job_that_measured_every_point_says_so_even_when_the_last_ended_past_i
 def test_the_cards_own_anchors_then_shipped_points_then_neighbours_then_the_rest() -> None:
     """A short sweep measures each shape's fastest configuration of earlier sweeps (the card's
     own anchors: one or two a shape), then what people ship, then the configurations one knob
-    step from an anchor, before anything else is drawn at random."""
+    step from an anchor (and those nearest it on a kernel it does not run), before anything
+    else is drawn at random."""
     card = cards.by_alias("h200")
     pool = pools.build(card, kinds=["matmul"])
     pts = pool.points("own", "matmul")
     anchors = {sp.golden.shape_id: [parse_spec(a) for a in sp.own_anchors] for sp in pool.shapes}
+    # an anchor's nearest configurations on a kernel it does not run (GLUON, where pooled)
+    twins = {sp.golden.shape_id: set(pools.path_twins(
+        [dict(parse_spec(a)) for a in sp.own_anchors], {p.spec: p.knobs for p in sp.points},
+        ("GLUON",), exclude=[p.spec for p in sp.points if p.first])) for sp in pool.shapes}
     by_tier: dict[int, set[str]] = {t: set() for t in range(4)}
     for p in pts:
         by_tier[p.tier].add(p.key)
         d = min(knob_distance(p.knobs, a) for a in anchors[p.shape_id])
-        assert p.tier == (0 if d == 0 else 1 if p.first else 2 if d == 1 else 3), (p.spec, d)
+        near = d == 1 or p.spec in twins[p.shape_id]
+        assert p.tier == (0 if d == 0 else 1 if p.first else 2 if near else 3), (p.spec, d)
     assert all(by_tier.values())
     assert len(by_tier[0]) == sum(len(a) for a in anchors.values())
     for sid in {p.shape_id for p in pts}:  # each shape's pool lists them in that order too
