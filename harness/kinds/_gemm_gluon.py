@@ -7,21 +7,23 @@ grouped order, and splits into three partitions that meet only at mbarriers:
 
 - a loader warp TMA-copies the A and B tiles of every K step of the program's tiles, in
   order, into a ring of ``STAGES`` buffers, each stage as soon as its last reader let it go;
-- two consumer warpgroups.  ``GLUON=1`` (ping-pong, ``COOP`` off): they take the program's
-  tiles in turn (the first its even tiles, the second its odd ones): each runs a whole ``BLOCK_M x BLOCK_N`` tile's K loop as asynchronous
-  warpgroup MMAs (one in flight while the next stage's wait runs), then its epilogue, which
-  rounds the tile to the output dtype, stages it in its own shared buffer and stores it by
-  TMA.  A consumer starts a tile's K loop once the other has waited for every stage of the
-  tile before (two mbarriers pass the turn), so one warpgroup's epilogue runs while the
-  other's MMAs do, and a store is waited for only when its buffer is needed again.
-  ``GLUON=2`` (cooperative, ``COOP``): both run every tile of the program, each on its half
-  of the rows, so a tile is twice as large for the same accumulator registers and a stage
-  is let go when both have arrived.
+- two consumer warpgroups (240 registers each; the loader keeps 24), in one of two forms:
 
-In ping-pong the turn also keeps the ring's waits sound: a wait for a stage's phase passes on the parity
-of the barrier's phase, so a consumer must not ask for a K step while a step ``STAGES``
-before it has yet to be loaded; the steps before its tile's are all the other's, waited for
-before the turn passed.
+  ``GLUON=1``, ping-pong (``COOP`` off): they take the program's tiles in turn (the first its
+  even tiles, the second its odd ones).  Each runs a whole ``BLOCK_M x BLOCK_N`` tile's K
+  loop as asynchronous warpgroup MMAs (one in flight while the next stage's wait runs), then
+  its epilogue, which rounds the tile to the output dtype, stages it in its own shared
+  buffer and stores it by TMA.  A consumer starts a tile's K loop once the other has waited
+  for every stage of the tile before (two mbarriers pass the turn), so one warpgroup's
+  epilogue runs while the other's MMAs do, and a store is waited for only when its buffer is
+  needed again.  The turn also keeps the ring's waits sound: a wait for a stage's phase
+  passes on the parity of the barrier's phase, so a consumer must not ask for a K step while
+  the step ``STAGES`` before it has yet to be loaded; the steps before its tile's are all
+  the other's, waited for before the turn passed.
+
+  ``GLUON=2``, cooperative (``COOP``): both run every tile of the program, each on its half
+  of the rows, so a tile is twice as large for the same accumulator registers, and a stage
+  is let go when both have arrived on its barrier.
 
 ``EPILOGUE`` 2 also writes the tile's per-row sum of squares of the stored values into
 ``ss[row, pid_n]`` (linear_norm's partial sums), as the template's epilogue 2 does.
@@ -46,7 +48,8 @@ def _tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
     in_group = GROUP_M * num_pid_n
     first_pid_m = (tile_id // in_group) * GROUP_M
     group_size_m = gl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    return first_pid_m + (tile_id % in_group) % group_size_m, (tile_id % in_group) // group_size_m
+    pid_m = first_pid_m + (tile_id % in_group) % group_size_m
+    return pid_m, (tile_id % in_group) // group_size_m
 
 
 @gluon.jit
@@ -155,8 +158,10 @@ def gluon_gemm_kernel(a_desc, b_desc, c_desc, ss_ptr, M, N, K, stride_sm, num_pr
     ``[BLOCK_M, BLOCK_K]``, B's ``[BLOCK_N, BLOCK_K]``, C's a consumer's rows of a tile:
     ``[BLOCK_M, BLOCK_N]`` in ping-pong, ``[BLOCK_M / 2, BLOCK_N]`` if ``COOP``."""
     dtype: gl.constexpr = a_desc.dtype
-    a_smem = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_smem = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    a_smem = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape,
+                                       a_desc.layout)
+    b_smem = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape,
+                                       b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape,
                                        c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -170,12 +175,13 @@ def gluon_gemm_kernel(a_desc, b_desc, c_desc, ss_ptr, M, N, K, stride_sm, num_pr
     # the argument tuples are written out: a tuple assigned to a name would turn the
     # constexprs in it into tensors
     gl.warp_specialize([
-        (_gemm_consumer, ((a_desc, b_desc, c_desc), (a_smem, b_smem, c_smem), (ready, empty, turn),
-                          ss_ptr, M, N, K, stride_sm, num_progs, GROUP_M, STAGES, EPILOGUE, COOP,
-                          0)),
-        (_gemm_consumer, ((a_desc, b_desc, c_desc), (a_smem, b_smem, c_smem), (ready, empty, turn),
-                          ss_ptr, M, N, K, stride_sm, num_progs, GROUP_M, STAGES, EPILOGUE, COOP,
-                          1)),
-        (_gemm_loader, ((a_desc, b_desc, c_desc), (a_smem, b_smem, c_smem), (ready, empty, turn),
-                        ss_ptr, M, N, K, stride_sm, num_progs, GROUP_M, STAGES, EPILOGUE, COOP)),
+        (_gemm_consumer, ((a_desc, b_desc, c_desc), (a_smem, b_smem, c_smem),
+                          (ready, empty, turn), ss_ptr, M, N, K, stride_sm, num_progs, GROUP_M,
+                          STAGES, EPILOGUE, COOP, 0)),
+        (_gemm_consumer, ((a_desc, b_desc, c_desc), (a_smem, b_smem, c_smem),
+                          (ready, empty, turn), ss_ptr, M, N, K, stride_sm, num_progs, GROUP_M,
+                          STAGES, EPILOGUE, COOP, 1)),
+        (_gemm_loader, ((a_desc, b_desc, c_desc), (a_smem, b_smem, c_smem),
+                        (ready, empty, turn), ss_ptr, M, N, K, stride_sm, num_progs, GROUP_M,
+                        STAGES, EPILOGUE, COOP)),
     ], [4, 1], [CONSUMER_REGS, 24])
