@@ -2,9 +2,9 @@
 
 For every golden shape of the matmul-like kinds and attention (or the kinds named), a small
 grid of tiles is run on each path the card realizes (GEMM template: pointers; TMA; TMA +
-persistent; TMA + persistent + subtiled epilogue; the warp-specialized Gluon GEMM on a 9.x
-card; attention: pointers; TMA), checked against
-the fp32 reference with the kind's tolerance, and timed with ``triton.testing.do_bench``
+persistent; TMA + persistent + subtiled epilogue; on a 9.x card the warp-specialized Gluon
+GEMM's two forms; attention: pointers; TMA), checked against the fp32 reference with the
+kind's tolerance, and timed with ``triton.testing.do_bench``
 (median) beside torch's own op (cuBLAS for the linears, SDPA for attention) and, with
 ``--compile``, torch.compile's kernel (max-autotune).  Prints one line per shape (the best
 configuration of each path over torch's time) and writes every measurement as JSON lines to
