@@ -251,8 +251,9 @@ def test_the_gluon_gemm_matches_the_reference(name: str, capsys: pytest.CaptureF
 
 
 def test_a_sweep_measures_the_gluon_gemm_nearest_each_anchor_early(every_form: None) -> None:
-    """An anchor on the Triton kernel (128x256 tiles, which the Gluon GEMM cannot hold) brings
-    the Gluon configurations nearest it into the own slice with its neighbours (tier 2), so a
+    """An anchor on the Triton kernel (128x256 tiles at 4 stages: too large for the ping-pong
+    form's accumulator, and for the cooperative form's shared memory at 4 stages) brings the
+    Gluon configurations nearest it into the own slice with its neighbours (tier 2), so a
     short sweep times the new kernel where the old one was best."""
     from harness import pools
     from harness.kinds.base import completed
@@ -270,9 +271,11 @@ def test_a_sweep_measures_the_gluon_gemm_nearest_each_anchor_early(every_form: N
     assert early and all(p.slice == "own" for p in early)
     gluon = [k for k in kind.enumerate(SHAPE, h200) if k.get("GLUON")]
     nearest = min(knob_distance(k, anchor) for k in gluon)
-    assert nearest == 3  # BLOCK_N (or BLOCK_M), SUBTILE and GLUON
+    # ping-pong: BLOCK_N (or BLOCK_M), SUBTILE, GLUON; cooperative: stages, SUBTILE, GLUON
+    assert nearest == 3
     assert all(knob_distance(p.knobs, anchor) == nearest for p in early)
     assert {**GLUON, "num_stages": 4} in [p.knobs for p in early]
+    assert COOP in [p.knobs for p in early]
     # every other Gluon configuration is where the slicing put it, drawn at random
     assert all(p.tier == 3 for p in twins if p not in early)
     assert completed(anchor, kind.knob_space(SHAPE, h200)) in [p.knobs for p in points
