@@ -200,8 +200,10 @@ def _cmd_goldens_record(args: argparse.Namespace) -> int:
     if not rows:
         raise CommandError(f"{db} has no deployable ok rows of {card.name}; nothing recorded")
     _print_kernel_rev_notes(rows)
-    path, n, changed = record(rows, card, args.out, keep_faster=args.keep_faster)
-    print(f"anchors of {card.name}: {n} shapes in {path} ({changed} new or changed, from {len(rows)} ok rows)")
+    done = record(rows, card, args.out, keep_faster=args.keep_faster)
+    print(f"anchors of {card.name}: {done.written} shapes in {done.path} ({done.changed} new or "
+          f"another configuration, {done.retimed} the same at a new time; from {len(rows)} ok "
+          "rows)")
     return EXIT_OK
 
 

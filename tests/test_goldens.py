@@ -71,10 +71,9 @@ def test_record_takes_the_fastest_configuration_of_the_cards_pool(tmp_path: Path
     shipped_rule = _softmax_row("BLOCK_N=32768,ONE_PASS=1,ROWS=1,num_stages=1,num_warps=32", 2.0)
     in_space = _softmax_row("BLOCK_N=32768,ONE_PASS=1,ROWS=1,num_stages=1,num_warps=16", 3.0)
     out = tmp_path / "a.json"
-    path, n, _ = record([shipped_rule, in_space], by_alias("h200"), out)
-    assert n == 1 and goldens.load_anchor_file(path)[0].spec == in_space["spec"]
-    path, n, _ = record([shipped_rule], by_alias("h200"), tmp_path / "b.json")
-    assert n == 0
+    done = record([shipped_rule, in_space], by_alias("h200"), out)
+    assert done.written == 1 and goldens.load_anchor_file(done.path)[0].spec == in_space["spec"]
+    assert record([shipped_rule], by_alias("h200"), tmp_path / "b.json").written == 0
     assert pools.build(by_alias("h200"), kinds=["softmax"],
                        anchors=goldens.load_anchor_file(out)).skipped_anchors == []
 
@@ -82,10 +81,9 @@ def test_record_takes_the_fastest_configuration_of_the_cards_pool(tmp_path: Path
 def test_record_keeps_anchors_of_shapes_not_measured(tmp_path: Path) -> None:
     out = tmp_path / "a.json"
     record([_row("A=1", 1.0, shape_id="s1")], by_alias("h200"), out, in_pool=ANY)
-    path, n, changed = record([_row("A=2", 1.0, shape_id="s2")], by_alias("h200"), out,
-                              in_pool=ANY)
-    assert (n, changed) == (2, 1)
-    assert {a.shape_id for a in goldens.load_anchor_file(path)} == {"s1", "s2"}
+    done = record([_row("A=2", 1.0, shape_id="s2")], by_alias("h200"), out, in_pool=ANY)
+    assert done[1:] == (2, 1, 0)
+    assert {a.shape_id for a in goldens.load_anchor_file(done.path)} == {"s1", "s2"}
 
 
 def test_record_keep_faster_keeps_the_faster_anchor_of_a_longer_sweep(tmp_path: Path) -> None:
@@ -95,10 +93,15 @@ def test_record_keep_faster_keeps_the_faster_anchor_of_a_longer_sweep(tmp_path: 
     # a short sweep: slower on s1 (keeps A=1), faster on s2 (takes A=3), new on s3
     rows = [_row("A=2", 1.5, shape_id="s1"), _row("A=3", 1.9, shape_id="s2"),
             _row("A=4", 3.0, shape_id="s3")]
-    path, n, changed = record(rows, by_alias("h200"), out, keep_faster=True, in_pool=ANY)
-    assert (n, changed) == (3, 2)
-    got = {a.shape_id: (a.spec, a.value_us) for a in goldens.load_anchor_file(path)}
+    done = record(rows, by_alias("h200"), out, keep_faster=True, in_pool=ANY)
+    assert done[1:] == (3, 2, 0)
+    got = {a.shape_id: (a.spec, a.value_us) for a in goldens.load_anchor_file(done.path)}
     assert got == {"s1": ("A=1", 1.0), "s2": ("A=3", 1.9), "s3": ("A=4", 3.0)}
+    # the same configuration measured faster: not another anchor, but a new time, said apart
+    done = record([_row("A=1", 0.9, shape_id="s1")], by_alias("h200"), out, keep_faster=True,
+                  in_pool=ANY)
+    assert done[1:] == (3, 0, 1)
+    assert {a.shape_id: a.value_us for a in goldens.load_anchor_file(out)}["s1"] == 0.9
     # without it the table's best replaces every measured shape
     record(rows, by_alias("h200"), out, in_pool=ANY)
     assert {a.shape_id: a.spec for a in goldens.load_anchor_file(out)}["s1"] == "A=2"
@@ -153,12 +156,11 @@ def test_record_keep_faster_into_a_new_file_starts_from_the_cards_anchors(
            shipped / "h200.json", in_pool=ANY)
     monkeypatch.setattr(rec, "ANCHOR_DIR", shipped)
     out = tmp_path / "new.json"
-    path, n, changed = record([_row("A=2", 1.5, shape_id="s1")], by_alias("h200"), out,
-                              keep_faster=True, in_pool=ANY)
-    assert (path, n, changed) == (out, 2, 0)
+    done = record([_row("A=2", 1.5, shape_id="s1")], by_alias("h200"), out, keep_faster=True,
+                  in_pool=ANY)
+    assert done == (out, 2, 0, 0)
     assert {a.shape_id: (a.spec, a.value_us) for a in goldens.load_anchor_file(out)} == {
         "s1": ("A=1", 1.0), "s2": ("A=1", 2.0)}
     # without --keep-faster a new file holds this table's anchors only
-    path, n, _ = record([_row("A=2", 1.5, shape_id="s1")], by_alias("h200"), tmp_path / "b.json",
-                        in_pool=ANY)
-    assert n == 1
+    assert record([_row("A=2", 1.5, shape_id="s1")], by_alias("h200"), tmp_path / "b.json",
+                  in_pool=ANY).written == 1

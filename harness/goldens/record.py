@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.cards import DEPLOYABLE, Card
 from harness.goldens import ANCHOR_DIR, Anchor, load_anchor_file, write_anchor_file
@@ -64,16 +64,27 @@ def pool_of(card: Card) -> Callable[[str, str, str], bool]:
     return in_pool
 
 
+class Recorded(NamedTuple):
+    """What :func:`record` wrote: the file, its anchors, and of those the shapes whose anchor
+    is new or another configuration (``changed``) or the same configuration at a time from
+    these rows (``retimed``)."""
+
+    path: Path
+    written: int
+    changed: int
+    retimed: int
+
+
 def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = None,
            keep_faster: bool = False,
-           in_pool: Callable[[str, str, str], bool] | None = None) -> tuple[Path, int, int]:
+           in_pool: Callable[[str, str, str], bool] | None = None) -> Recorded:
     """Write ``card``'s anchors file (``path``, default the card's file under
     harness/goldens/anchors): measured shapes take their best spec, shapes not in ``rows``
     keep the anchor they had; with ``keep_faster``, so does a shape whose anchor was measured
     faster than anything in ``rows`` (a short sweep that did not reach it leaves the longer
     sweep's anchor), and a ``path`` that does not exist yet starts from the card's file.
     Only configurations of the card's pool are anchors (``in_pool``, by default
-    :func:`pool_of`).  Returns (path, anchors written, of which new/changed)."""
+    :func:`pool_of`)."""
     shipped_path = ANCHOR_DIR / f"{card.alias}.json"
     path = path or shipped_path
     found = best_anchors(rows, card.name, in_pool or pool_of(card))
@@ -85,11 +96,15 @@ def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = No
     if keep_faster:
         found = [a for a in found if (a.kind, a.shape_id) not in kept
                  or a.value_us <= kept[(a.kind, a.shape_id)].value_us]
-    changed = sum(1 for a in found if kept.get((a.kind, a.shape_id), None) is None
-                  or kept[(a.kind, a.shape_id)].spec != a.spec)
+    before = dict(kept)
+    changed = sum(1 for a in found if (a.kind, a.shape_id) not in before
+                  or before[(a.kind, a.shape_id)].spec != a.spec)
+    retimed = sum(1 for a in found if (a.kind, a.shape_id) in before
+                  and before[(a.kind, a.shape_id)].spec == a.spec
+                  and before[(a.kind, a.shape_id)] != a)
     for a in found:
         kept[(a.kind, a.shape_id)] = a
     write_anchor_file(path, card.name, list(kept.values()),
                       comment=f"Anchors of {card.name}: the fastest deployable ok spec per golden "
                               "shape in the node table (python -m harness goldens record).")
-    return path, len(kept), changed
+    return Recorded(path, len(kept), changed, retimed)
