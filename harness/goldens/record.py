@@ -96,12 +96,10 @@ def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = No
     if keep_faster:
         found = [a for a in found if (a.kind, a.shape_id) not in kept
                  or a.value_us <= kept[(a.kind, a.shape_id)].value_us]
-    before = dict(kept)
-    changed = sum(1 for a in found if (a.kind, a.shape_id) not in before
-                  or before[(a.kind, a.shape_id)].spec != a.spec)
-    retimed = sum(1 for a in found if (a.kind, a.shape_id) in before
-                  and before[(a.kind, a.shape_id)].spec == a.spec
-                  and before[(a.kind, a.shape_id)] != a)
+    was = [kept.get((a.kind, a.shape_id)) for a in found]
+    changed = sum(1 for a, old in zip(found, was, strict=True) if old is None or old.spec != a.spec)
+    retimed = sum(1 for a, old in zip(found, was, strict=True)
+                  if old is not None and old.spec == a.spec and old != a)
     for a in found:
         kept[(a.kind, a.shape_id)] = a
     write_anchor_file(path, card.name, list(kept.values()),
