@@ -133,12 +133,22 @@ def knob_distance(a: Mapping[str, object], b: Mapping[str, object],
     once it passes ``limit`` (the answer is then some number above it).
     """
     total = 0
-    for key in a.keys() | b.keys():
-        va, vb = str(a.get(key, "")), str(b.get(key, ""))
+    for key, x in a.items():
+        y = b.get(key, "")
+        if (t := type(x)) is type(y) and (t is int or t is str) and x == y:
+            continue  # the same value, so the same str(): 0 apart (the common case, fast)
+        va, vb = str(x), str(y)
         if va != vb:
             total += _value_distance(va, vb)
             if limit is not None and total > limit:
                 return total
+    for key, y in b.items():
+        if key not in a:
+            vb = str(y)
+            if vb:
+                total += _value_distance("", vb)
+                if limit is not None and total > limit:
+                    return total
     return total
 
 

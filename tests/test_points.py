@@ -171,3 +171,32 @@ def test_distance_triangle_inequality(
 @given(_small_knobs, _small_knobs)
 def test_spec_distance_matches_knob_distance(a: dict[str, str], b: dict[str, str]) -> None:
     assert spec_distance(make_spec(a), make_spec(b)) == knob_distance(a, b)
+
+
+def _distance_as_defined(a: dict, b: dict) -> int:
+    """The docstring's definition, written out: over the union of keys, a missing knob is
+    ``""``, values compared through ``str()``."""
+    from harness.points import _value_distance
+
+    return sum(_value_distance(str(a.get(k, "")), str(b.get(k, "")))
+               for k in a.keys() | b.keys() if str(a.get(k, "")) != str(b.get(k, "")))
+
+
+_mixed_value = st.one_of(st.integers(-3, 3), st.booleans(), st.sampled_from(
+    ["", "0", "1", "True", "a/b", "a/c", "a/", "a", "1.0"]), st.sampled_from([1.0, 0.0, -0.0]))
+_mixed_knobs = st.dictionaries(st.sampled_from(["A", "B", "C", "D"]), _mixed_value, max_size=4)
+
+
+@settings(max_examples=400)
+@given(_mixed_knobs, _mixed_knobs, st.one_of(st.none(), st.integers(0, 4)))
+def test_knob_distance_is_its_definition_with_any_values_and_limit(a: dict, b: dict,
+                                                                   limit: int | None) -> None:
+    """Ints against their strings, bools against ints, floats, "/" values, missing keys: the
+    fast path for equal values changes no answer; with a limit, any answer above it stays
+    above it."""
+    want = _distance_as_defined(a, b)
+    got = knob_distance(a, b, limit=limit)
+    if limit is None or want <= limit:
+        assert got == want
+    else:
+        assert got > limit

@@ -71,7 +71,7 @@ class LinearNorm(Kind):
             return "a row program walks its own N tiles: GROUP_M does not apply"
         if row_program and knobs.get("TMA", 0):
             return "the row program runs on pointers only"
-        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape, card):
+        if why := gemm_path_misfit(knobs, shape, card) or gemm_tile_misfit(knobs, shape):
             return why
         if self.is_interpret(card):
             return None

@@ -37,7 +37,7 @@ class MlpGeglu(Kind):
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn, warps = knobs["BLOCK_M"], knobs["BLOCK_N"], knobs["num_warps"]
-        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape, card):
+        if why := gemm_path_misfit(knobs, shape, card) or gemm_tile_misfit(knobs, shape):
             return why
         if self.is_interpret(card):
             return None

@@ -51,7 +51,7 @@ class NormLinear(Kind):
         warps, stages = knobs["num_warps"], knobs["num_stages"]
         if knobs.get("GLUON", 0) and knobs["PROLOGUE"] != 2:
             return "the Gluon GEMM runs the workspace scheme only (PROLOGUE=2)"
-        if why := gemm_tile_misfit(knobs, shape) or gemm_path_misfit(knobs, shape, card):
+        if why := gemm_path_misfit(knobs, shape, card) or gemm_tile_misfit(knobs, shape):
             return why
         if self.is_interpret(card):
             return None
