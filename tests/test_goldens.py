@@ -10,7 +10,7 @@ from pathlib import Path
 from harness import goldens, pools
 from harness.cards import INTERPRETER, by_alias
 from harness.goldens.record import best_anchors, record
-from harness.points import point_key
+from harness.points import make_spec, parse_spec, point_key
 from harness.store import NodeStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,6 +105,23 @@ def test_record_keep_faster_keeps_the_faster_anchor_of_a_longer_sweep(tmp_path: 
     # without it the table's best replaces every measured shape
     record(rows, by_alias("h200"), out, in_pool=ANY)
     assert {a.shape_id: a.spec for a in goldens.load_anchor_file(out)}["s1"] == "A=2"
+
+
+def test_record_counts_a_spec_from_before_a_knob_as_the_same_configuration(tmp_path: Path) -> None:
+    """An anchor written before the copy-engine knobs existed is the pointer path: the same
+    configuration measured with them at their first values is a new time, not another
+    configuration; the TMA path is another."""
+    shape_id = "matmul_M4096_N4096_K4096_bf16"  # golden: its knob space completes the specs
+    old = "BLOCK_K=64,BLOCK_M=128,BLOCK_N=128,GROUP_M=8,num_stages=3,num_warps=4"
+    out = tmp_path / "a.json"
+    record([_row(old, 2.0, shape_id=shape_id)], by_alias("h200"), out, in_pool=ANY)
+    same = make_spec({**dict(parse_spec(old)), "TMA": 0, "PERSISTENT": 0, "SUBTILE": 0})
+    assert record([_row(same, 1.9, shape_id=shape_id)], by_alias("h200"), out, keep_faster=True,
+                  in_pool=ANY)[1:] == (1, 0, 1)
+    other = make_spec({**dict(parse_spec(same)), "TMA": 1})
+    assert record([_row(other, 1.8, shape_id=shape_id)], by_alias("h200"), out,
+                  keep_faster=True, in_pool=ANY)[1:] == (1, 1, 0)
+    assert goldens.load_anchor_file(out)[0].spec == other
 
 
 def test_record_refuses_a_db_without_rows_of_the_card(tmp_path: Path) -> None:

@@ -40,26 +40,46 @@ def best_anchors(rows: Iterable[Mapping[str, Any]], gpu: str,
             for (k, s), r in sorted(best.items())]
 
 
-def pool_of(card: Card) -> Callable[[str, str, str], bool]:
-    """``in_pool`` of :func:`best_anchors` for ``card``: whether a spec is among the
-    configurations its pool enumerates for that golden shape (each shape enumerated once)."""
+def full_spec(card: Card) -> Callable[[str, str, str], str | None]:
+    """``full(kind, shape_id, spec)``: ``spec`` on ``card`` with every knob it lacks at its
+    first value (a configuration written before a knob existed, in today's words), or None
+    for a shape that is not golden."""
     from harness import goldens
     from harness import kinds as registry
     from harness.kinds.base import completed
     from harness.points import make_spec, parse_spec
 
     shapes = {(g.kind, g.shape_id): g for g in goldens.shapes(card.regime)}
+
+    def full(kind: str, shape_id: str, spec: str) -> str | None:
+        g = shapes.get((kind, shape_id))
+        if g is None:
+            return None
+        space = registry.get(kind).knob_space(g.shape, card)
+        return make_spec(completed(dict(parse_spec(spec)), space))
+
+    return full
+
+
+def pool_of(card: Card) -> Callable[[str, str, str], bool]:
+    """``in_pool`` of :func:`best_anchors` for ``card``: whether a spec is among the
+    configurations its pool enumerates for that golden shape (each shape enumerated once)."""
+    from harness import goldens
+    from harness import kinds as registry
+    from harness.points import make_spec
+
+    shapes = {(g.kind, g.shape_id): g for g in goldens.shapes(card.regime)}
+    full = full_spec(card)
     specs: dict[tuple[str, str], set[str]] = {}
 
     def in_pool(kind: str, shape_id: str, spec: str) -> bool:
         g = shapes.get((kind, shape_id))
         if g is None:
             return False
-        k = registry.get(kind)
         if (kind, shape_id) not in specs:
-            specs[(kind, shape_id)] = {make_spec(x) for x in k.enumerate(g.shape, card)}
-        full = make_spec(completed(dict(parse_spec(spec)), k.knob_space(g.shape, card)))
-        return full in specs[(kind, shape_id)]
+            specs[(kind, shape_id)] = {make_spec(x) for x in registry.get(kind).enumerate(g.shape,
+                                                                                        card)}
+        return full(kind, shape_id, spec) in specs[(kind, shape_id)]
 
     return in_pool
 
@@ -67,7 +87,8 @@ def pool_of(card: Card) -> Callable[[str, str, str], bool]:
 class Recorded(NamedTuple):
     """What :func:`record` wrote: the file, its anchors, and of those the shapes whose anchor
     is new or another configuration (``changed``) or the same configuration at a time from
-    these rows (``retimed``)."""
+    these rows (``retimed``; the same also where one spec lacks a knob the other has at its
+    first value)."""
 
     path: Path
     written: int
@@ -96,10 +117,16 @@ def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = No
     if keep_faster:
         found = [a for a in found if (a.kind, a.shape_id) not in kept
                  or a.value_us <= kept[(a.kind, a.shape_id)].value_us]
+    full = full_spec(card)
+
+    def same(a: Anchor, old: Anchor) -> bool:
+        return old.spec == a.spec or (full(a.kind, a.shape_id, a.spec) or a.spec) == full(
+            old.kind, old.shape_id, old.spec)
+
     was = [kept.get((a.kind, a.shape_id)) for a in found]
-    changed = sum(1 for a, old in zip(found, was, strict=True) if old is None or old.spec != a.spec)
+    changed = sum(1 for a, old in zip(found, was, strict=True) if old is None or not same(a, old))
     retimed = sum(1 for a, old in zip(found, was, strict=True)
-                  if old is not None and old.spec == a.spec and old != a)
+                  if old is not None and same(a, old) and old != a)
     for a in found:
         kept[(a.kind, a.shape_id)] = a
     write_anchor_file(path, card.name, list(kept.values()),
