@@ -49,7 +49,7 @@ GEMM_HOPPER: dict[str, list[Any]] = {"TMA": [0, 1], "PERSISTENT": [0, 1], "SUBTI
 # (matmul, norm_linear's workspace scheme, linear_norm); GEMM_GLUON_POOL names the forms
 # the pools take (README, "The Gluon GEMM": which ones were measured, and how fast).
 GEMM_GLUON_FORMS: tuple[int, ...] = (1, 2)
-GEMM_GLUON_POOL: tuple[int, ...] = ()
+GEMM_GLUON_POOL: tuple[int, ...] = (2,)
 
 
 # The row kinds' L2 cache hints (reduce, rms_norm, softmax, on a GPU): 0 the hardware's
