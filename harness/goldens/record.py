@@ -120,8 +120,10 @@ def record(rows: Iterable[Mapping[str, Any]], card: Card, path: Path | None = No
     full = full_spec(card)
 
     def same(a: Anchor, old: Anchor) -> bool:
-        return old.spec == a.spec or (full(a.kind, a.shape_id, a.spec) or a.spec) == full(
-            old.kind, old.shape_id, old.spec)
+        if old.spec == a.spec:
+            return True
+        now = full(a.kind, a.shape_id, a.spec)
+        return now is not None and now == full(old.kind, old.shape_id, old.spec)
 
     was = [kept.get((a.kind, a.shape_id)) for a in found]
     changed = sum(1 for a, old in zip(found, was, strict=True) if old is None or not same(a, old))
