@@ -23,9 +23,12 @@ another order):
   consumers');
 - ``gluon_ws_regs``: ``gluon_ws`` with P given to ``P V`` in registers (``GLUON=3``): no P
   tiles in shared memory, so a third K/V stage fits at head_dim 128;
-- ``gluon_pingpong``: ``gluon_ws_regs`` whose two consumers take turns at the tensor cores
+- ``gluon_pingpong``: ``gluon_ws_regs`` whose consumers take turns at the tensor cores
   (``GLUON=4``): one issues its MMAs only after the other has issued its own, so one's
   softmax runs while the other's products do.
+
+``gluon_ws_regs`` and ``gluon_pingpong`` also run three consumer warpgroups (192-row tiles,
+12 warps) where the kind realizes them.
 
 In ``ahead`` and ``halves`` the blocks wholly below the diagonal (and inside the sequence)
 take the variant's loop; the diagonal band and the ragged end go through the kernel's own
@@ -62,8 +65,10 @@ TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (1
 GLUON_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3),
                (128, 128, 8, 2)]
 GLUON_WS_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]
+# and three consumer warpgroups (192 rows, 12 warps): where their registers allow
 GLUON_WS_REGS_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
-                       (128, 128, 8, 3)]
+                       (128, 128, 8, 3), (192, 64, 12, 3), (192, 64, 12, 4), (192, 128, 12, 3),
+                       (192, 128, 12, 4)]
 # the Gluon variants: their GLUON value and tiles
 GLUON_VALUE = {"gluon": 1, "gluon_ws": 2, "gluon_ws_regs": 3, "gluon_pingpong": 4}
 GLUON_TILES_OF = {"gluon": GLUON_TILES, "gluon_ws": GLUON_WS_TILES,

@@ -65,13 +65,19 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
                for k in gluon)
     ws = [k for k in gluon if k["GLUON"] >= 2]
     assert {k["GLUON"] for k in ws} == {2, 3, 4}
-    assert all(k["num_warps"] == 8 and k["BLOCK_M"] == 128 for k in ws)
+    # two consumer warpgroups or three
+    assert {(k["num_warps"], k["BLOCK_M"]) for k in ws} == {(8, 128), (12, 192)}
     # P through shared memory: the plain Gluon kernel's tiles; in registers, more stages fit
-    assert all({**k, "GLUON": 1} in pool for k in ws if k["GLUON"] == 2)
+    assert all({**k, "GLUON": 1} in pool for k in ws if k["GLUON"] == 2 and k["num_warps"] == 8)
     assert {**GLUON, "GLUON": 3, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3} in pool
     assert {**GLUON, "GLUON": 2, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3} not in pool
-    # the same tiles run by the Triton kernel stay in the pool
-    assert all({**k, "GLUON": 0} in pool for k in gluon)
+    # the same tiles run by the Triton kernel stay in the pool; three consumers' are the
+    # Gluon kernel's alone
+    assert all({**k, "GLUON": 0} in pool for k in gluon if k["num_warps"] != 12)
+    three = [k for k in gluon if k["num_warps"] == 12]
+    assert three and all(k["GLUON"] >= 2 for k in three)
+    assert not any(k["BLOCK_M"] == 192 or k["num_warps"] == 12 for k in pool
+                   if k["GLUON"] < 2)
     for alias in ("a100", "l40s", "b200", "rtx5090"):
         assert not any(k.get("GLUON") for k in KIND.enumerate(SHAPE, by_alias(alias)))
     why = {
@@ -99,7 +105,19 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
     assert "4 warps, not 2" in why["warps"]
     assert "seq 2000" in why["ragged"] and "(64, 128)" in why["ragged"]
     assert "2 stages" in why["ring"]
-    assert "GLUON=2" in why["consumers"] and "8 warps, not 4" in why["consumers"]
+    assert "GLUON=2" in why["consumers"] and "8 or 12 warps, not 4" in why["consumers"]
+    # three consumers: 192 rows, the Gluon kernel's alone; a last block past the sequence
+    # by whole consumers' rows; registers for three warpgroups of 160
+    three = {**GLUON, "GLUON": 4, "BLOCK_M": 192, "num_warps": 12, "num_stages": 3}
+    d64 = {**SHAPE, "head_dim": 64}
+    assert KIND.unrealizable({**three, "BLOCK_N": 64}, d64, h100) is None
+    assert KIND.unrealizable({**three, "BLOCK_N": 128}, {**d64, "causal": False}, h100) is None
+    assert "three consumer warpgroups" in KIND.unrealizable({**three, "GLUON": 0}, d64, h100)
+    assert "room for 112" in KIND.unrealizable({**three, "BLOCK_N": 128}, d64, h100)
+    assert "room for 128" in KIND.unrealizable({**three, "num_stages": 2}, {**SHAPE, "causal": False},
+                                               h100)
+    assert "(64, 128)" in KIND.unrealizable(three, {**d64, "seq": 2000}, h100)
+    assert KIND.unrealizable({**three, "BLOCK_N": 64}, {**d64, "seq": 2048 + 64}, h100) is None
     assert "not 5" in why["value"]
     assert KIND.unrealizable({**GLUON, "GLUON": 2, "BLOCK_M": 128, "num_warps": 8}, SHAPE,
                              h100) is None
@@ -112,20 +130,23 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
     assert "shared memory" in why["smem"]
 
 
-def test_the_gluon_knob_is_monotone(gluon_pool: None) -> None:
-    """Trying ``GLUON=1`` only where ``GLUON=0`` realizes loses no configuration: the pool is
-    the realizable part of the whole knob product, in its order."""
+def test_the_pool_is_the_realizable_part_of_the_knob_product(gluon_pool: None) -> None:
+    """Every configuration of the knob product that realizes, in its order: three consumer
+    warpgroups (192 rows, 12 warps) realize where no Triton configuration of those tiles
+    does, so no knob of the kind is enumerated lazily."""
     import itertools
 
     h100 = by_alias("h100")
+    assert not KIND.monotone
     for g in goldens.shapes(DEPLOYABLE, kinds=["attention"]):
         space = KIND.knob_space(g.shape, h100)
-        assert "GLUON" in space
+        assert "GLUON" in space and 192 in space["BLOCK_M"] and 12 in space["num_warps"]
         keys = list(space)
         product = [dict(zip(keys, values, strict=True))
                    for values in itertools.product(*(space[k] for k in keys))]
-        assert KIND.enumerate(g.shape, h100) == [
-            k for k in product if KIND.realizable(k, g.shape, h100)]
+        pool = KIND.enumerate(g.shape, h100)
+        assert pool == [k for k in product if KIND.realizable(k, g.shape, h100)]
+        assert any(k["BLOCK_M"] == 192 for k in pool)
 
 
 def _sass(knobs: dict[str, Any], shape: dict[str, Any], cache: Path) -> tuple[str, str]:
@@ -188,14 +209,16 @@ def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[Any, ...],
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [(2, 128, 128, 128, 8, 2, False), (3, 128, 128, 128, 8, 3, True),
                                     (4, 128, 64, 64, 8, 2, True), (3, 128, 128, 64, 8, 5, True),
-                                    (4, 128, 64, 256, 8, 2, False)])
+                                    (4, 128, 64, 256, 8, 2, False), (4, 192, 128, 64, 12, 4, False),
+                                    (3, 192, 64, 64, 12, 3, True), (4, 192, 64, 128, 12, 3, True)])
 def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tuple[Any, ...],
                                                                       tmp_path: Path) -> None:
-    """``GLUON=2``, ``3`` and ``4`` (the last two configurations: the pools' largest tiles at
-    head_dim 64 and 256): no spill, and the warpgroup MMAs pipelined (ptxas waits after
-    every one of them when it spills or cannot pipeline); every barrier in a consumer
-    warpgroup's loop is of its 128 threads alone (the loader refills a stage when both have
-    arrived on its barrier); the loader warp keeps 24 registers, the consumers 240.  With P
+    """``GLUON=2``, ``3`` and ``4`` (the fourth and fifth configurations: the pools' largest
+    tiles of two consumers at head_dim 64 and 256; the last three, three consumers): no
+    spill, and the warpgroup MMAs pipelined (ptxas waits after every one of them when it
+    spills or cannot pipeline); every barrier in a consumer warpgroup's loop is of its 128
+    threads alone (the loader refills a stage when every consumer has arrived on its
+    barrier); the loader warp keeps 24 registers, two consumers 240 each, three 160.  With P
     through shared memory (``GLUON=2``) each loop also overlaps its softmax with its own
     ``P V``; with P in registers ptxas waits for ``P V`` first, and only the other warpgroup
     overlaps it.  ``GLUON=4`` passes the turn right after issuing its MMAs."""
@@ -209,8 +232,9 @@ def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tu
     waits = sum(op == "WARPGROUP.DEPBAR.LE" for op, _ in ops)
     assert 4 * waits <= mmas, f"{waits} waits for {mmas} warpgroup MMAs: serialized"
     loops = _waits(ops, "0x1")
-    assert len(loops) == 2, f"{len(loops)} consumer loops"  # one a consumer warpgroup
-    per_thread = knobs["BLOCK_M"] // 2 * knobs["BLOCK_N"] // 128
+    consumers = knobs["num_warps"] // 4
+    assert len(loops) == consumers, f"{len(loops)} consumer loops"  # one a consumer warpgroup
+    per_thread = 64 * knobs["BLOCK_N"] // 128
     for first in loops:
         second = next(i for i in _waits(ops, "0x0") if i > first)
         # from the first block's wait (before the loop) to the arrival that lets a K/V stage
@@ -227,7 +251,8 @@ def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tu
         passes = any(op.startswith("SYNCS.ARRIVE") for op, _ in ops[issued:first])
         assert passes == (knobs["GLUON"] == 4), ops[issued:first]
     regs = {args.strip() for op, args in ops if op.startswith("USETMAXREG")}
-    assert {"0x18", "0xf0"} <= {r.split(",")[-1].strip() for r in regs}, regs
+    consumer_regs = "0xf0" if consumers == 2 else "0xa0"  # 240 or 160
+    assert {"0x18", consumer_regs} <= {r.split(",")[-1].strip() for r in regs}, regs
 
 
 @pytest.mark.gpu
@@ -254,6 +279,11 @@ def test_every_gluon_configuration_matches_the_reference(
             gluon = [k for k in pool if k.get("GLUON") == value]
             points += [(f"small{i}", shape, "gluon", k)
                        for k in random.Random(i).sample(gluon, min(4, len(gluon)))]
+        # and of three consumer warpgroups (192 rows: seq 256 and 128 end in a block that
+        # has only one consumer's rows in the sequence)
+        three = [k for k in pool if k["num_warps"] == 12]
+        points += [(f"small{i}", shape, "gluon", k)
+                   for k in random.Random(i).sample(three, min(4, len(three)))]
     lines, failures = check_points("attention", points, card)
     with capsys.disabled():
         print(f"\n{card.name}: {len(points)} Gluon configurations\n" + "\n".join(lines))

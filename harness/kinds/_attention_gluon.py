@@ -11,17 +11,21 @@ kernels compile for compute capability 9.x only.
   through shared memory (two buffers), so each warpgroup's softmax runs while its own ``P V``
   is on the tensor cores.  Given in registers, ptxas reuses the operand's registers for the
   softmax and waits for the MMA first, which serializes the two again.
-- ``gluon_attention_ws_kernel``: warp-specialized, a loader warp and two consumer warpgroups
-  of ``BLOCK_M / 2`` rows that share the K/V ring and meet at no block-wide barrier (a stage
-  is refilled when both have arrived on its barrier, so the one ahead waits at most for the
-  other to let a stage go).  ``GLUON=2`` passes P through shared
-  memory; ``GLUON=3`` in registers (one warpgroup's softmax then overlaps the other's
-  products rather than its own); ``GLUON=4`` adds a ping-pong: each consumer issues its MMAs
-  only after the other has issued its own.
+- ``gluon_attention_ws_kernel``: warp-specialized, a loader warp and two or three consumer
+  warpgroups of 64 rows (``BLOCK_M`` 128 or 192) that share the K/V ring and meet at no
+  block-wide barrier (a stage is refilled when every consumer has arrived on its barrier, so
+  the one ahead waits at most for the others to let a stage go).  ``GLUON=2`` passes P
+  through shared memory; ``GLUON=3`` in registers (one warpgroup's softmax then overlaps
+  another's products rather than its own); ``GLUON=4`` adds a ping-pong: the consumers issue
+  their MMAs in turn.  Causal with ``BLOCK_N < BLOCK_M``, a consumer stops at its own
+  diagonal block.
 
-The views are two-dimensional, ``(batch * heads * seq, head_dim)``, so the sequence must be a
-multiple of both tiles (a block never reads into the next head); the kind's ``unrealizable``
-says so.  16-bit inputs only (the MMA's K step is 16).
+The views are two-dimensional, ``(batch * heads * seq, head_dim)``, so a K/V block never
+reads into the next head only if the sequence is a multiple of ``BLOCK_N``; the query tiles
+of ``gluon_attention_kernel`` likewise.  The warp-specialized kernel needs the sequence to be
+a multiple of 64 only: in the last query block, a consumer whose rows start past the
+sequence computes the sequence's last 64 rows again and stores nothing (``RAGGED``).  The
+kind's ``unrealizable`` says so.  16-bit inputs only (the MMA's K step is 16).
 """
 
 from __future__ import annotations
@@ -89,22 +93,23 @@ def _p_operand(p, p_smem, slot, P_REGS: gl.constexpr, o_layout: gl.constexpr):
 
 @gluon.jit
 def _my_turn(turn_bars, k, C: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong of two consumer warpgroups: before consumer ``C`` issues its ``k``-th round
-    of MMAs, the other has issued its round ``k - 1`` (``C`` 0) or ``k`` (``C`` 1), so one
-    warpgroup's MMAs run while the other's softmax does."""
+    """Ping-pong of the consumer warpgroups, in turn: before consumer ``C`` issues its
+    ``k``-th round of MMAs, the last consumer has issued its round ``k - 1`` (``C`` 0) or
+    consumer ``C - 1`` its round ``k``, so one warpgroup's MMAs run while another's softmax
+    does."""
     if PINGPONG:
         if C == 0:
             if k > 0:
                 mbarrier.wait(turn_bars.index(0), (k - 1) & 1)
         else:
-            mbarrier.wait(turn_bars.index(1), k & 1)
+            mbarrier.wait(turn_bars.index(C), k & 1)
 
 
 @gluon.jit
 def _your_turn(turn_bars, C: gl.constexpr, PINGPONG: gl.constexpr):
-    """Consumer ``C`` has issued its round of MMAs: the other's turn."""
+    """Consumer ``C`` has issued its round of MMAs: the next one's turn."""
     if PINGPONG:
-        mbarrier.arrive(turn_bars.index(1 - C), count=1)
+        mbarrier.arrive(turn_bars.index((C + 1) % turn_bars.shape[0]), count=1)
 
 
 @gluon.jit
@@ -251,24 +256,48 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     tma.store_wait(pendings=0)
 
 
-# -- GLUON=2, 3, 4: a loader warp and two consumer warpgroups ---------------------------------
+# -- GLUON=2, 3, 4: a loader warp and two or three consumer warpgroups ------------------------
 # The partitions take the descriptors, the shared buffers and barriers as tuples, then the
-# program's scalars and constexprs (a consumer also its index).
+# program's scalars and constexprs (a consumer also its index).  A consumer's rows are the
+# Q descriptor's block; the program's BLOCK_M is a whole number of them.
+
+@gluon.jit
+def _ws_first_row(start_m, SEQ, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, C: gl.constexpr,
+                  RAGGED: gl.constexpr):
+    """The first query row consumer ``C`` computes.  ``RAGGED`` (a sequence that is not a
+    multiple of BLOCK_M): a consumer whose rows start past the sequence computes its last
+    ``ROWS`` rows again, and stores nothing (:func:`_ws_store`)."""
+    first = start_m * BLOCK_M + C * ROWS
+    if RAGGED:
+        first = gl.minimum(first, SEQ - ROWS)
+    return first
+
+
+@gluon.jit
+def _ws_store(o, q, o_desc, head_row, first_row):
+    """A consumer's output rows, staged in its rows of Q (no longer read)."""
+    q.store(o.to(o_desc.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [head_row + first_row, 0], q)
+    tma.store_wait(pendings=0)
+
 
 @gluon.jit
 def _ws_loader(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-               P_REGS: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warp: both halves of Q, then K and V of every block into the ring, each stage as
-    soon as both consumers have let it go."""
+               P_REGS: gl.constexpr, PINGPONG: gl.constexpr, RAGGED: gl.constexpr):
+    """One warp: every consumer's rows of Q, then K and V of every block into the ring, each
+    stage as soon as every consumer has let it go."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, p_smem = smem
     q_bars, k_bars, v_bars, free_bars, turn_bars = bars
-    HALF: gl.constexpr = BLOCK_M // 2
-    for c in gl.static_range(2):
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    for c in gl.static_range(BLOCK_M // ROWS):
+        first = _ws_first_row(start_m, SEQ, BLOCK_M, ROWS, c, RAGGED)
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [head_row + start_m * BLOCK_M + c * HALF, 0],
-                                        q_bars.index(c), q_smem.index(c))
+        tma.async_copy_global_to_shared(q_desc, [head_row + first, 0], q_bars.index(c),
+                                        q_smem.index(c))
     for j in range(_blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)):
         stage = j % STAGES
         # a new barrier passes a wait for the phase before its first: the first STAGES go
@@ -279,47 +308,65 @@ def _ws_loader(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.
 @gluon.jit
 def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 P_REGS: gl.constexpr, PINGPONG: gl.constexpr, C: gl.constexpr):
-    """One warpgroup: softmax and both products of query rows ``C * BLOCK_M / 2`` on of the
-    program's block, over every K/V block the program reads (causal: those past its own
-    diagonal are wholly masked)."""
+                 P_REGS: gl.constexpr, PINGPONG: gl.constexpr, RAGGED: gl.constexpr,
+                 C: gl.constexpr):
+    """One warpgroup: softmax and both products of its ``ROWS`` query rows over the K/V
+    blocks they read.  Causal with BLOCK_N < BLOCK_M, its rows may end blocks before the
+    program's: it computes up to its own diagonal, then only lets the later blocks go."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, p_smem = smem
     q_bars, k_bars, v_bars, free_bars, turn_bars = bars
-    HALF: gl.constexpr = BLOCK_M // 2
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
     q = q_smem.index(C)
-    first_row = start_m * BLOCK_M + C * HALF
+    first_row = _ws_first_row(start_m, SEQ, BLOCK_M, ROWS, C, RAGGED)
     n_blocks = _blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
+    mine = n_blocks
+    if CAUSAL:
+        if BLOCK_N < BLOCK_M:
+            mine = gl.cdiv(first_row + ROWS, BLOCK_N)
 
-    zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
-    acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
-    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
 
     mbarrier.wait(q_bars.index(C), 0)
     p, alpha, m_i, l_i = _first_block(q, k_smem, k_bars, p_smem, 2 * C, zero_s, m_i, l_i,
-                                      qk_scale, first_row, turn_bars, HALF, BLOCK_N, CAUSAL,
+                                      qk_scale, first_row, turn_bars, ROWS, BLOCK_N, CAUSAL,
                                       P_REGS, C, PINGPONG, s_layout)
     gl.thread_barrier()  # of this partition's warps only
-    for j in range(1, n_blocks):
+    for j in range(1, mine):
         p, acc, alpha, m_i, l_i = _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem,
                                               2 * C, zero_s, p, acc, alpha, m_i, l_i, qk_scale,
-                                              first_row, turn_bars, HALF, BLOCK_N, STAGES,
+                                              first_row, turn_bars, ROWS, BLOCK_N, STAGES,
                                               CAUSAL, P_REGS, C, PINGPONG, s_layout, o_layout)
         mbarrier.arrive(free_bars.index((j - 1) % STAGES), count=1)
         gl.thread_barrier()
-    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 2 * C, p, acc, alpha, l_i, STAGES,
+    o = _last_product(mine - 1, v_smem, v_bars, p_smem, 2 * C, p, acc, alpha, l_i, STAGES,
                       P_REGS, o_layout)
-    q.store(o.to(q_desc.dtype))  # this half of Q is no longer read: it stages the output
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [head_row + first_row, 0], q)
-    tma.store_wait(pendings=0)
+    if CAUSAL:
+        if BLOCK_N < BLOCK_M:
+            # the program's blocks past its rows: it gives up its turn at once and lets each
+            # block go once it is loaded (an arrival before the load would count towards the
+            # stage's previous round); the loader waits for no block past n_blocks - 1 - STAGES
+            if mine - 1 < n_blocks - STAGES:
+                mbarrier.arrive(free_bars.index((mine - 1) % STAGES), count=1)
+            for j in range(mine, n_blocks):
+                _my_turn(turn_bars, j, C, PINGPONG)
+                _your_turn(turn_bars, C, PINGPONG)
+                if j < n_blocks - STAGES:
+                    mbarrier.wait(k_bars.index(j % STAGES), (j // STAGES) & 1)
+                    mbarrier.arrive(free_bars.index(j % STAGES), count=1)
+    if RAGGED:
+        if start_m * BLOCK_M + C * ROWS < SEQ:
+            _ws_store(o, q, o_desc, head_row, first_row)
+    else:
+        _ws_store(o, q, o_desc, head_row, first_row)
 
 
 @gluon.jit
@@ -327,53 +374,67 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                               CAUSAL: gl.constexpr, P_REGS: gl.constexpr,
-                              PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                              num_warps: gl.constexpr):
-    """``GLUON=2``, ``3``, ``4``: BLOCK_M (128) queries of one (batch, head) a program, as two
-    consumer warpgroups of BLOCK_M / 2 rows (the default partition of 4 warps and a worker of
-    4) and a loader warp.  No barrier spans the program inside the loop: a consumer waits for
-    its own MMAs, the loader and (``PINGPONG``) its turn, and lets a K/V stage go by arriving
-    on its barrier (two arrivals free it).  ``q_desc`` and ``o_desc`` are of BLOCK_M / 2 rows."""
+                              PINGPONG: gl.constexpr, RAGGED: gl.constexpr,
+                              CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """``GLUON=2``, ``3``, ``4``: BLOCK_M queries of one (batch, head) a program, as two or
+    three consumer warpgroups of the Q descriptor's block of rows (the default partition of 4
+    warps and workers of 4) and a loader warp.  No barrier spans the program inside the loop:
+    a consumer waits for its own MMAs, the loader and (``PINGPONG``) its turn, and lets a K/V
+    stage go by arriving on its barrier (one arrival a consumer frees it).  ``q_desc`` and
+    ``o_desc`` are of BLOCK_M / 2 or BLOCK_M / 3 rows."""
     dtype: gl.constexpr = q_desc.dtype
-    HALF: gl.constexpr = BLOCK_M // 2
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    CONSUMERS: gl.constexpr = BLOCK_M // ROWS
     start_m = gl.program_id(0)
     if CAUSAL:
         start_m = gl.num_programs(0) - 1 - start_m
     head_row = gl.program_id(1) * SEQ
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     if P_REGS:  # not read: a placeholder the partitions' signatures take
         p_smem = gl.allocate_shared_memory(
-            dtype, [1, HALF, 16], gl.NVMMASharedLayout.get_default_for([HALF, 16], dtype))
+            dtype, [1, ROWS, 16], gl.NVMMASharedLayout.get_default_for([ROWS, 16], dtype))
     else:  # two a consumer
         p_smem = gl.allocate_shared_memory(
-            dtype, [4, HALF, BLOCK_N], gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_N],
-                                                                             dtype))
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            dtype, [2 * CONSUMERS, ROWS, BLOCK_N],
+            gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], dtype))
+    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    turn_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turn_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(free_bars.index(i), count=2)
+        mbarrier.init(free_bars.index(i), count=CONSUMERS)
 
     descs = (q_desc, k_desc, v_desc, o_desc)
     smem = (q_smem, k_smem, v_smem, p_smem)
     bars = (q_bars, k_bars, v_bars, free_bars, turn_bars)
     # the argument tuples are written out: a tuple assigned to a name would turn the
     # constexprs in it into tensors
-    gl.warp_specialize([
-        (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                        STAGES, CAUSAL, P_REGS, PINGPONG, 0)),
-        (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                        STAGES, CAUSAL, P_REGS, PINGPONG, 1)),
-        (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M, BLOCK_N,
-                      STAGES, CAUSAL, P_REGS, PINGPONG)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
+                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 0)),
+            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
+                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 1)),
+            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
+                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 2)),
+            (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
+                          BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
+                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 0)),
+            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
+                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 1)),
+            (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
+                          BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED)),
+        ], [4, 1], [CONSUMER_REGS, 24])

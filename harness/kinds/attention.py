@@ -11,13 +11,15 @@ configuration keys are what they were, and a configuration without a knob means 
 ``GLUON`` runs a Gluon kernel of harness/kinds/_attention_gluon.py instead (Hopper's warpgroup
 MMAs: compute capability 9.x only; tiles move by TMA, so it runs at ``TMA=1`` only, 16 query
 rows a warp, ``num_stages`` its K/V ring).  ``GLUON=1``: every warp loads and computes, P
-through shared memory.  ``GLUON=2``, ``3``, ``4``: warp-specialized, a loader warp and two
-consumer warpgroups of 64 rows that meet at no block-wide barrier (``num_warps`` 8 counts the
-consumers' warps; the program has 12), P through shared memory (2) or in registers (3), and
-in 4 the consumers take turns at the tensor cores.  The pools of cards of compute capability
-9.x take the values in :attr:`Attention.gluon_pool`: 3 and 4, the fastest on an H100 (1 and 2
-were slower there than the Triton kernel, ``bench/attention_variants.py``); an older or newer
-card's pool and configuration keys are what they were.
+through shared memory.  ``GLUON=2``, ``3``, ``4``: warp-specialized, a loader warp and two or
+three consumer warpgroups of 64 rows that meet at no block-wide barrier (``num_warps`` 8 or
+12 counts the consumers' warps, ``BLOCK_M`` 128 or 192; the program has 12 or 16), P through
+shared memory (2) or in registers (3), and in 4 the consumers take turns at the tensor
+cores.  The pools of cards of compute capability 9.x take the values in
+:attr:`Attention.gluon_pool`: 3 and 4, the fastest on an H100 (1 and 2 were slower there
+than the Triton kernel, ``bench/attention_variants.py``), and with them ``BLOCK_M`` 192 and
+12 warps, the three consumers' tiles; an older or newer card's pool and configuration keys
+are what they were.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 class Attention(Kind):
     name = "attention"
     fields = ("batch", "heads", "seq", "head_dim", "causal", "dtype")
-    monotone = ("TMA", "GLUON")
+    # no monotone knob: a configuration of three consumer warpgroups (BLOCK_M 192, 12 warps)
+    # is the Gluon kernel's alone, so its GLUON=0 twin does not realize
     path_knobs = ("GLUON",)
     # the GLUON values the pools of cards of compute capability 9.x take (see the docstring;
     # the tests set every value to check them all)
@@ -56,11 +59,15 @@ class Attention(Kind):
                     "num_stages": [1, 2]}
         space: dict[str, list[Any]] = {"BLOCK_M": [16, 32, 64, 128, 256],
                                        "BLOCK_N": [16, 32, 64, 128, 256]}
+        warps = [2, 4, 8]
         if card.cc >= (9, 0):
             space["TMA"] = [0, 1]
             if self.gluon_pool and card.cc[0] == 9:  # Hopper's warpgroup MMAs
                 space["GLUON"] = [0, *self.gluon_pool]
-        return {**space, "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
+                if max(self.gluon_pool) >= 2:  # three consumer warpgroups of 64 rows
+                    space["BLOCK_M"].append(192)
+                    warps.append(12)
+        return {**space, "num_warps": warps, "num_stages": [1, 2, 3, 4, 5]}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
         bm, bn = knobs["BLOCK_M"], knobs["BLOCK_N"]
@@ -71,6 +78,9 @@ class Attention(Kind):
         if bm > max(16, next_pow2(seq)) or bn > max(16, next_pow2(seq)):
             return "tile larger than the sequence"
         gluon = knobs.get("GLUON", 0)
+        if gluon < 2 and (bm == 192 or warps == 12):
+            return f"BLOCK_M {bm} with {warps} warps: three consumer warpgroups are the " \
+                   f"warp-specialized Gluon kernel's (GLUON 2, 3 or 4) alone"
         if gluon:
             why = self._gluon_misfit(knobs, shape, card)
             if why:
@@ -95,6 +105,11 @@ class Attention(Kind):
             regs += bm * bn // (64 * warps)
         if regs > 192:
             return f"accumulator and scores need {regs} registers per thread"
+        if warps == 12:  # three consumers of 160 registers (ptxas, sm_90: the rest spills)
+            room = 112 if shape["causal"] else 128
+            if regs > room:
+                return f"accumulator, scores and P need {regs} registers per thread; three " \
+                       f"consumer warpgroups have room for {room}"
         if bm * d // (32 * warps) < 4:
             return "fewer than 4 accumulator elements per thread"
         return None
@@ -115,15 +130,20 @@ class Attention(Kind):
             return f"the Gluon kernel takes 16-bit inputs, not {shape['dtype']}"
         if warps < 4:
             return f"a warpgroup MMA needs 4 warps, not {warps}"
-        if knobs["GLUON"] >= 2 and warps != 8:
-            return f"the warp-specialized Gluon kernel (GLUON={knobs['GLUON']}) has two " \
-                   f"consumer warpgroups: 8 warps, not {warps}"
+        if knobs["GLUON"] >= 2 and warps not in (8, 12):
+            return f"the warp-specialized Gluon kernel (GLUON={knobs['GLUON']}) has two or " \
+                   f"three consumer warpgroups: 8 or 12 warps, not {warps}"
+        if knobs["GLUON"] == 1 and warps == 12:
+            return "the Gluon kernel of GLUON=1 takes 4 or 8 warps, not 12"
         if bm != 16 * warps:
             return f"the Gluon kernel gives each warp 16 query rows: BLOCK_M {bm} with " \
                    f"{warps} warps"
-        if shape["seq"] % bm or shape["seq"] % bn:
+        # the warp-specialized kernel's last query block may end past the sequence by whole
+        # consumers' rows (64): those recompute the last rows and store nothing
+        rows = 64 if knobs["GLUON"] >= 2 else bm
+        if shape["seq"] % rows or shape["seq"] % bn:
             return f"the Gluon kernel's 2-D views need seq {shape['seq']} to be a multiple " \
-                   f"of both tiles ({bm}, {bn})"
+                   f"of both tiles ({rows}, {bn})"
         if knobs["num_stages"] < 2:
             return "the Gluon kernel's K/V ring needs at least 2 stages"
         return None
@@ -228,11 +248,15 @@ def gluon_launch(knobs: Knobs, shape: Shape) -> tuple[str, int, dict[str, Any]]:
     common = {"HEAD_DIM": shape["head_dim"], "BLOCK_M": bm, "BLOCK_N": knobs["BLOCK_N"],
               "STAGES": knobs["num_stages"], "CAUSAL": bool(shape["causal"])}
     if knobs["GLUON"] >= 2:
-        # 12 warps (4 + 4 + the loader's warpgroup) of 168 registers fill the register file;
-        # the loader gives back all but 24, each consumer warpgroup takes 240
-        return ("gluon_attention_ws_kernel", bm // 2,
+        # two consumer warpgroups: 12 warps (4 + 4 + the loader's warpgroup) of 168
+        # registers fill the register file; the loader gives back all but 24, each consumer
+        # warpgroup takes 240.  Three: 16 warps of 128, each consumer takes 160
+        consumers = knobs["num_warps"] // 4
+        regs, maxnreg = (240, 168) if consumers == 2 else (160, 128)
+        return ("gluon_attention_ws_kernel", bm // consumers,
                 {**common, "P_REGS": knobs["GLUON"] >= 3, "PINGPONG": knobs["GLUON"] == 4,
-                 "CONSUMER_REGS": 240, "num_warps": 4, "maxnreg": 168})
+                 "RAGGED": shape["seq"] % bm != 0, "CONSUMER_REGS": regs, "num_warps": 4,
+                 "maxnreg": maxnreg})
     return "gluon_attention_kernel", bm, {**common, "num_warps": knobs["num_warps"]}
 
 
