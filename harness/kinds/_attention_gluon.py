@@ -26,6 +26,11 @@ of ``gluon_attention_kernel`` likewise.  The warp-specialized kernel needs the s
 a multiple of 64 only: in the last query block, a consumer whose rows start past the
 sequence computes the sequence's last 64 rows again and stores nothing (``RAGGED``).  The
 kind's ``unrealizable`` says so.  16-bit inputs only (the MMA's K step is 16).
+
+Causal, the warp-specialized kernel's grid is 1-D, its heads in groups of ``HEAD_GROUP``,
+each group's programs longest rows first across its heads (``head_group`` in
+harness/kinds/attention.py says why); ``gluon_attention_kernel`` keeps the 2-D grid, each
+head's programs longest first.
 """
 
 from __future__ import annotations
@@ -49,6 +54,17 @@ def _blocks(start_m, SEQ, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: 
     else:
         n = SEQ // BLOCK_N
     return n
+
+
+@gluon.jit
+def _causal_order(pid, n_m, ZH, GROUP: gl.constexpr):
+    """(query block, batch * heads index) of program ``pid`` of a 1-D causal grid: the heads
+    in groups of ``GROUP``, each group's programs the longest rows first across its heads."""
+    per = n_m * GROUP
+    g = pid // per
+    r = pid - g * per
+    size = gl.minimum(GROUP, ZH - g * GROUP)
+    return n_m - 1 - r // size, g * GROUP + r % size
 
 
 @gluon.jit
@@ -375,7 +391,8 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                               CAUSAL: gl.constexpr, P_REGS: gl.constexpr,
                               PINGPONG: gl.constexpr, RAGGED: gl.constexpr,
-                              CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                              CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                              HEAD_GROUP: gl.constexpr = 0):
     """``GLUON=2``, ``3``, ``4``: BLOCK_M queries of one (batch, head) a program, as two or
     three consumer warpgroups of the Q descriptor's block of rows (the default partition of 4
     warps and workers of 4) and a loader warp.  No barrier spans the program inside the loop:
@@ -385,10 +402,16 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     CONSUMERS: gl.constexpr = BLOCK_M // ROWS
-    start_m = gl.program_id(0)
-    if CAUSAL:
-        start_m = gl.num_programs(0) - 1 - start_m
-    head_row = gl.program_id(1) * SEQ
+    if HEAD_GROUP:
+        n_m = gl.cdiv(SEQ, BLOCK_M)
+        start_m, off_hz = _causal_order(gl.program_id(0), n_m, gl.num_programs(0) // n_m,
+                                        HEAD_GROUP)
+        head_row = off_hz * SEQ
+    else:
+        start_m = gl.program_id(0)
+        if CAUSAL:
+            start_m = gl.num_programs(0) - 1 - start_m
+        head_row = gl.program_id(1) * SEQ
 
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)

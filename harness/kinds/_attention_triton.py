@@ -3,6 +3,9 @@
 ``TMA`` (compute capability 9.0 and later): Q, K, V and the output move through tensor
 descriptors over the ``[batch * heads, seq, head_dim]`` view, so the copy engine fills the
 tiles (rows past the sequence read as zeros and are never written) and no load needs a mask.
+
+``HEAD_GROUP`` (causal; ``head_group`` in harness/kinds/attention.py): the grid is 1-D, its
+heads in groups of that many, each group's programs the longest rows first across its heads.
 """
 
 from __future__ import annotations
@@ -68,18 +71,34 @@ def block_bounds(start_m, SEQ, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def causal_order(pid, n_m, ZH, GROUP: tl.constexpr):
+    """(query block, batch * heads index) of program ``pid`` of a 1-D causal grid: the heads
+    in groups of ``GROUP``, each group's programs the longest rows first across its heads."""
+    per = n_m * GROUP
+    g = pid // per
+    r = pid - g * per
+    size = tl.minimum(GROUP, ZH - g * GROUP)
+    return n_m - 1 - r // size, g * GROUP + r % size
+
+
+@triton.jit
 def attention_kernel(q_src, k_src, v_src, o_src, sm_scale, H, SEQ,
                      stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                      stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, TMA: tl.constexpr):
+                     CAUSAL: tl.constexpr, TMA: tl.constexpr, HEAD_GROUP: tl.constexpr = 0):
     """One program: BLOCK_M queries of one (batch, head); the last dim is contiguous.
     The ``*_src`` are tensor descriptors of the ``[batch * heads, seq, head_dim]`` views when
-    TMA, else the tensors' pointers."""
-    start_m = tl.program_id(0)
-    if CAUSAL:  # the longest rows first: the last wave is made of the short ones
-        start_m = tl.num_programs(0) - 1 - start_m
-    off_hz = tl.program_id(1)
+    TMA, else the tensors' pointers.  ``HEAD_GROUP`` 0: a 2-D grid (query blocks, batch *
+    heads)."""
+    if HEAD_GROUP:
+        start_m, off_hz = causal_order(tl.program_id(0), tl.cdiv(SEQ, BLOCK_M),
+                                       tl.num_programs(0) // tl.cdiv(SEQ, BLOCK_M), HEAD_GROUP)
+    else:
+        start_m = tl.program_id(0)
+        if CAUSAL:  # the longest rows first: the last wave is made of the short ones
+            start_m = tl.num_programs(0) - 1 - start_m
+        off_hz = tl.program_id(1)
     off_z = off_hz // H
     off_h = off_hz % H
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
