@@ -101,3 +101,16 @@ def test_the_causal_order_runs_every_program_once_longest_first_in_the_interpret
             assert blocks[:size] == [n_m - 1] * size  # every head's longest block first
     assert got["group"] == 3
     assert got["checked"] >= 10 and not got["wrong"], got["wrong"][:5]
+
+
+@pytest.mark.slow
+def test_the_order_bench_checks_every_group_in_the_interpreter() -> None:
+    """``bench/attention_order.py --check-only --tiny``: two configurations of each tiny
+    causal shape (5 heads), each with groups of 1, 2, 4 and 5 heads (the short last groups
+    included), every launch right."""
+    r = subprocess.run([sys.executable, "bench/attention_order.py", "--check-only", "--tiny"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "wrong results: 0 of 16 launches checked" in r.stdout
+    assert r.stdout.count("kind's group 5; 8 launches checked") == 2
