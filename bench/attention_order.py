@@ -79,13 +79,16 @@ def main(argv: list[str] | None = None) -> int:
 
     kind = registry.get("attention")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    extra = [dict(parse_spec(s)) for s in args.spec]
+    def knobs_of(spec: str) -> dict[str, Any]:
+        return {k: int(v) if str(v).lstrip("-").isdigit() else v for k, v in parse_spec(spec).items()}
+
+    extra = [knobs_of(s) for s in args.spec]
     if args.tiny:
         cases = [(f"tiny_seq{s['seq']}", s, kind.enumerate(s, INTERPRETER)[:2] + extra)
                  for s in TINY_SHAPES]
     else:
         path = ROOT / "harness" / "goldens" / "anchors" / f"{args.gpu}.json"
-        anchors = {a["shape_id"]: dict(parse_spec(a["spec"]))
+        anchors = {a["shape_id"]: knobs_of(a["spec"])
                    for a in json.loads(path.read_text())["anchors"] if a["kind"] == "attention"}
         cases = [(g.shape_id, g.shape, [anchors[g.shape_id]] * (g.shape_id in anchors) + extra)
                  for g in goldens.shapes(DEPLOYABLE, kinds=["attention"])

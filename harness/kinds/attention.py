@@ -52,9 +52,10 @@ def head_group(shape: Shape) -> int:
     longest first; across all heads at once, though, the programs of a wave read as many heads'
     K and V and L2 no longer holds them.  So the grid is 1-D, the heads in groups whose K and V
     fill about :data:`HEAD_GROUP_BYTES`, each group's programs longest first across its heads
-    (on an H100 at 8 MiB: 4 heads at seq 4096 and head_dim 128, 8 at 2048 and 128, 16 at
-    2048 and 64, each the fastest of groups 2 to 16 and all heads, 2.4-6% faster than one
-    head at a time; ``causal_order`` in the kernels)."""
+    (``causal_order`` in the kernels).  On an H100, for each causal golden shape's anchor,
+    8 MiB's group (4 heads at seq 4096 and head_dim 128, 8 at 2048 and 128, 16 at 2048 and
+    64) was the fastest of groups of 1, 2, 4, ... and all heads, 0.910-0.975 of one head at
+    a time's time (``bench/attention_order.py``)."""
     if not shape["causal"]:
         return 0
     kv = 2 * shape["seq"] * shape["head_dim"] * DTYPE_BYTES[shape["dtype"]]
