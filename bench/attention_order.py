@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -57,7 +56,7 @@ def launch_with(kind: Any, knobs: dict[str, Any], shape: dict[str, Any],
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpu", default="h100", help="whose anchors (harness/goldens/anchors)")
+    ap.add_argument("--gpu", default="h100", help="whose anchors (a card alias)")
     ap.add_argument("--spec", action="append", default=[],
                     help="another configuration to run on every shape, e.g. "
                          "BLOCK_M=128,BLOCK_N=128,GLUON=3,TMA=1,num_stages=3,num_warps=8")
@@ -73,23 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     from harness import goldens
     from harness import kinds as registry
     from harness.box.bench import _mismatch
-    from harness.cards import DEPLOYABLE, INTERPRETER
+    from harness.cards import DEPLOYABLE, INTERPRETER, by_alias
     from harness.kinds.attention import head_group
     from harness.points import parse_spec
 
     kind = registry.get("attention")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    def knobs_of(spec: str) -> dict[str, Any]:
-        return {k: int(v) if str(v).lstrip("-").isdigit() else v for k, v in parse_spec(spec).items()}
-
-    extra = [knobs_of(s) for s in args.spec]
+    extra = [{k: int(v) for k, v in parse_spec(s).items()} for s in args.spec]
     if args.tiny:
         cases = [(f"tiny_seq{s['seq']}", s, kind.enumerate(s, INTERPRETER)[:2] + extra)
                  for s in TINY_SHAPES]
     else:
-        path = ROOT / "harness" / "goldens" / "anchors" / f"{args.gpu}.json"
-        anchors = {a["shape_id"]: knobs_of(a["spec"])
-                   for a in json.loads(path.read_text())["anchors"] if a["kind"] == "attention"}
+        from _live import card_anchors
+
+        anchors = card_anchors(by_alias(args.gpu).name, goldens.anchors())
         cases = [(g.shape_id, g.shape, [anchors[g.shape_id]] * (g.shape_id in anchors) + extra)
                  for g in goldens.shapes(DEPLOYABLE, kinds=["attention"])
                  if g.shape["causal"] and args.shapes in g.shape_id]
