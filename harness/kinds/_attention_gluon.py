@@ -392,7 +392,7 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
                               CAUSAL: gl.constexpr, P_REGS: gl.constexpr,
                               PINGPONG: gl.constexpr, RAGGED: gl.constexpr,
                               CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                              HEAD_GROUP: gl.constexpr = 0):
+                              HEAD_GROUP: gl.constexpr):
     """``GLUON=2``, ``3``, ``4``: BLOCK_M queries of one (batch, head) a program, as two or
     three consumer warpgroups of the Q descriptor's block of rows (the default partition of 4
     warps and workers of 4) and a loader warp.  No barrier spans the program inside the loop:
@@ -407,10 +407,8 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
         start_m, off_hz = _causal_order(gl.program_id(0), n_m, gl.num_programs(0) // n_m,
                                         HEAD_GROUP)
         head_row = off_hz * SEQ
-    else:
+    else:  # not causal: a 2-D grid
         start_m = gl.program_id(0)
-        if CAUSAL:
-            start_m = gl.num_programs(0) - 1 - start_m
         head_row = gl.program_id(1) * SEQ
 
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)

@@ -86,18 +86,17 @@ def attention_kernel(q_src, k_src, v_src, o_src, sm_scale, H, SEQ,
                      stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                      stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, TMA: tl.constexpr, HEAD_GROUP: tl.constexpr = 0):
+                     CAUSAL: tl.constexpr, TMA: tl.constexpr, HEAD_GROUP: tl.constexpr):
     """One program: BLOCK_M queries of one (batch, head); the last dim is contiguous.
     The ``*_src`` are tensor descriptors of the ``[batch * heads, seq, head_dim]`` views when
-    TMA, else the tensors' pointers.  ``HEAD_GROUP`` 0: a 2-D grid (query blocks, batch *
-    heads)."""
+    TMA, else the tensors' pointers.  ``HEAD_GROUP`` 0 (not causal): a 2-D grid (query
+    blocks, batch * heads)."""
     if HEAD_GROUP:
-        start_m, off_hz = causal_order(tl.program_id(0), tl.cdiv(SEQ, BLOCK_M),
-                                       tl.num_programs(0) // tl.cdiv(SEQ, BLOCK_M), HEAD_GROUP)
+        n_m = tl.cdiv(SEQ, BLOCK_M)
+        start_m, off_hz = causal_order(tl.program_id(0), n_m, tl.num_programs(0) // n_m,
+                                       HEAD_GROUP)
     else:
         start_m = tl.program_id(0)
-        if CAUSAL:  # the longest rows first: the last wave is made of the short ones
-            start_m = tl.num_programs(0) - 1 - start_m
         off_hz = tl.program_id(1)
     off_z = off_hz // H
     off_h = off_hz % H
