@@ -30,7 +30,8 @@ from tests.sm90 import sass_of  # noqa: E402
 
 KIND = registry.get("attention")
 SHAPE = {"batch": 1, "heads": 2, "seq": 2048, "head_dim": 128, "causal": True, "dtype": "bf16"}
-GLUON = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "TMA": 1, "GLUON": 1}
+GLUON = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "TMA": 1, "GLUON": 1,
+         "PERSISTENT": 0}
 # sequences a multiple of 64 (and of 128 or not: the warp-specialized kernels' 128-row tiles),
 # causal and not, every head dim, both 16-bit types; seq 128 gives a program one K/V block
 SMALL = [{"batch": 2, "heads": 3, "seq": seq, "head_dim": d, "causal": causal, "dtype": dt}
@@ -67,13 +68,20 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
     assert {k["GLUON"] for k in ws} == {2, 3, 4}
     # two consumer warpgroups or three
     assert {(k["num_warps"], k["BLOCK_M"]) for k in ws} == {(8, 128), (12, 192)}
+    # every tiling of the warp-specialized kernel a program a tile and persistent; the others
+    # a program a tile
+    assert {k["PERSISTENT"] for k in ws} == {0, 1}
+    assert all({**k, "PERSISTENT": 1 - k["PERSISTENT"]} in pool for k in ws)
+    assert not any(k["PERSISTENT"] for k in pool if k["GLUON"] < 2)
     # P through shared memory: the plain Gluon kernel's tiles; in registers, more stages fit
-    assert all({**k, "GLUON": 1} in pool for k in ws if k["GLUON"] == 2 and k["num_warps"] == 8)
+    assert all({**k, "GLUON": 1} in pool for k in ws
+               if k["GLUON"] == 2 and k["num_warps"] == 8 and not k["PERSISTENT"])
     assert {**GLUON, "GLUON": 3, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3} in pool
     assert {**GLUON, "GLUON": 2, "BLOCK_M": 128, "num_warps": 8, "num_stages": 3} not in pool
     # the same tiles run by the Triton kernel stay in the pool; three consumers' are the
     # Gluon kernel's alone
-    assert all({**k, "GLUON": 0} in pool for k in gluon if k["num_warps"] != 12)
+    assert all({**k, "GLUON": 0} in pool for k in gluon
+               if k["num_warps"] != 12 and not k["PERSISTENT"])
     three = [k for k in gluon if k["num_warps"] == 12]
     assert three and all(k["GLUON"] >= 2 for k in three)
     assert not any(k["BLOCK_M"] == 192 or k["num_warps"] == 12 for k in pool
@@ -92,6 +100,7 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
         "ring": KIND.unrealizable({**GLUON, "num_stages": 1}, SHAPE, h100),
         "consumers": KIND.unrealizable({**GLUON, "GLUON": 2}, SHAPE, h100),
         "value": KIND.unrealizable({**GLUON, "GLUON": 5}, SHAPE, h100),
+        "persistent": KIND.unrealizable({**GLUON, "PERSISTENT": 1}, SHAPE, h100),
         "smem": KIND.unrealizable({**GLUON, "num_stages": 3}, SHAPE, h100),
     }
     assert "Hopper's (compute capability 9.x)" in why["cc"] and "(8, 0)" in why["cc"]
@@ -119,6 +128,8 @@ def test_the_gluon_kernel_realizes_only_where_it_can_run(gluon_pool: None) -> No
     assert "(64, 128)" in KIND.unrealizable(three, {**d64, "seq": 2000}, h100)
     assert KIND.unrealizable({**three, "BLOCK_N": 64}, {**d64, "seq": 2048 + 64}, h100) is None
     assert "not 5" in why["value"]
+    assert "PERSISTENT" in why["persistent"] and "GLUON 2, 3 or 4" in why["persistent"]
+    assert KIND.unrealizable({**GLUON, "GLUON": 0, "PERSISTENT": 1}, SHAPE, h100)
     assert KIND.unrealizable({**GLUON, "GLUON": 2, "BLOCK_M": 128, "num_warps": 8}, SHAPE,
                              h100) is None
     # P in registers counts against them: 128x256 spills at head_dim 64 (ptxas, sm_90)
@@ -164,18 +175,22 @@ for arg, rows in (("q_desc", q_rows), ("k_desc", bn), ("v_desc", bn), ("o_desc",
     layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
     sig[arg] = mangle_type(TensorDescriptor.from_tensor(t, [rows, d], layout))
 sig.update(qk_scale="fp32", SEQ="i32")
+attrs = {{}}
+if name == "gluon_attention_ws_kernel":  # the output as a launch passes it: 16-byte aligned
+    sig.update(out="*bf16", ZH="i32")
+    attrs[(list(sig).index("out"),)] = [["tt.divisibility", 16]]
 const = {{k: v for k, v in launch.items() if k != "maxnreg"}}
 sig.update({{k: "constexpr" for k in const}})
 options = {{k: launch[k] for k in ("num_warps", "maxnreg") if k in launch}}
-ck = triton.compile(GluonASTSource(getattr(_attention_gluon, name), sig, const),
+ck = triton.compile(GluonASTSource(getattr(_attention_gluon, name), sig, const, attrs),
                     target=GPUTarget("cuda", 90, 32), options=options)
 """, cache)
 
 
-def _point(gluon: int, bm: int, bn: int, d: int, warps: int, stages: int,
-           causal: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _point(gluon: int, bm: int, bn: int, d: int, warps: int, stages: int, causal: bool,
+           persistent: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
     knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "TMA": 1,
-             "GLUON": gluon}
+             "GLUON": gluon, "PERSISTENT": persistent}
     return knobs, {"batch": 1, "heads": 1, "seq": 4096, "head_dim": d, "causal": causal,
                    "dtype": "bf16"}
 
@@ -210,7 +225,10 @@ def test_the_softmax_overlaps_p_v_on_the_tensor_cores(config: tuple[Any, ...],
 @pytest.mark.parametrize("config", [(2, 128, 128, 128, 8, 2, False), (3, 128, 128, 128, 8, 3, True),
                                     (4, 128, 64, 64, 8, 2, True), (3, 128, 128, 64, 8, 5, True),
                                     (4, 128, 64, 256, 8, 2, False), (4, 192, 128, 64, 12, 4, False),
-                                    (3, 192, 64, 64, 12, 3, True), (4, 192, 64, 128, 12, 3, True)])
+                                    (3, 192, 64, 64, 12, 3, True), (4, 192, 64, 128, 12, 3, True),
+                                    (3, 128, 128, 128, 8, 3, False, 1),
+                                    (4, 128, 64, 64, 8, 4, True, 1),
+                                    (4, 192, 64, 64, 12, 3, True, 1)])
 def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tuple[Any, ...],
                                                                       tmp_path: Path) -> None:
     """``GLUON=2``, ``3`` and ``4`` (the fourth and fifth configurations: the pools' largest
@@ -221,7 +239,9 @@ def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tu
     barrier); the loader warp keeps 24 registers, two consumers 240 each, three 160.  With P
     through shared memory (``GLUON=2``) each loop also overlaps its softmax with its own
     ``P V``; with P in registers ptxas waits for ``P V`` first, and only the other warpgroup
-    overlaps it.  ``GLUON=4`` passes the turn right after issuing its MMAs."""
+    overlaps it.  ``GLUON=4`` passes the turn right after issuing its MMAs.  The last three
+    are persistent (``PERSISTENT=1``): the same loops inside the tile loop, and the output
+    stored from registers, not by TMA."""
     pytest.importorskip("torch")
     knobs, shape = _point(*config)
     assert KIND.realizable(knobs, shape, by_alias("h100"))
@@ -250,6 +270,12 @@ def test_the_warp_specialized_consumers_meet_at_no_block_wide_barrier(config: tu
         issued = max(i for i in range(first) if ops[i][0].startswith("HGMMA"))
         passes = any(op.startswith("SYNCS.ARRIVE") for op, _ in ops[issued:first])
         assert passes == (knobs["GLUON"] == 4), ops[issued:first]
+    tma_stores = sum(op.startswith("UTMASTG") for op, _ in ops)
+    stores = sum(op.startswith("STG") for op, _ in ops)
+    if knobs["PERSISTENT"]:
+        assert tma_stores == 0 and stores == consumers * 64 * shape["head_dim"] // 256, stores
+    else:
+        assert tma_stores == consumers and stores == 0, (tma_stores, stores)
     regs = {args.strip() for op, args in ops if op.startswith("USETMAXREG")}
     consumer_regs = "0xf0" if consumers == 2 else "0xa0"  # 240 or 160
     assert {"0x18", consumer_regs} <= {r.split(",")[-1].strip() for r in regs}, regs
@@ -319,3 +345,28 @@ print(json.dumps(compile_point("attention", shape, knobs)))
 
     name = gluon_launch(knobs, SHAPE)[0]
     assert any((tmp_path / "cache").rglob(f"{name}.cubin"))
+
+
+def test_the_persistent_bench_plans_both_forms_of_each_tiling() -> None:
+    """``bench/attention_persistent.py --list``: every golden attention shape, each planned
+    configuration one tile a program, its persistent twin realizable on the card."""
+    r = subprocess.run([sys.executable, "bench/attention_persistent.py", "--list", "--gpu",
+                        "h100"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from harness.points import parse_spec
+
+    h100 = by_alias("h100")
+    shapes = {g.shape_id: g.shape for g in goldens.shapes(DEPLOYABLE, kinds=["attention"])}
+    planned: dict[str, list[dict[str, int]]] = {}
+    for line in r.stdout.splitlines():
+        if not line.startswith(" "):
+            current = planned.setdefault(line.split(":")[0], [])
+        else:
+            current.append({k: int(v) for k, v in parse_spec(line.strip()).items()})
+    assert set(planned) == set(shapes)
+    for shape_id, configs in planned.items():
+        assert configs, shape_id
+        pool = KIND.enumerate(shapes[shape_id], h100)
+        for k in configs:
+            assert k["PERSISTENT"] == 0 and k["GLUON"] >= 2
+            assert k in pool and {**k, "PERSISTENT": 1} in pool, (shape_id, k)

@@ -130,15 +130,17 @@ def _your_turn(turn_bars, C: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _first_block(q, k_smem, k_bars, p_smem, p_base, zero_s, m_i, l_i, qk_scale, first_row,
-                 turn_bars, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                 P_REGS: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr,
-                 s_layout: gl.constexpr):
-    """Block 0's scores and softmax: (P in 16 bits, alpha, m, l).  Unless ``P_REGS``, P lands
-    in ``p_smem[p_base]`` too; the caller makes the store visible (a barrier of the warps that
+                 turn_bars, g0, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, P_REGS: gl.constexpr,
+                 C: gl.constexpr, PINGPONG: gl.constexpr, s_layout: gl.constexpr):
+    """Block 0's scores and softmax: (P in 16 bits, alpha, m, l).  ``g0`` counts the blocks
+    the program's earlier tiles read (the ring's stage and phase and the turns go on from
+    there; 0 but in the persistent kernel).  Unless ``P_REGS``, P lands in
+    ``p_smem[p_base]`` too; the caller makes the store visible (a barrier of the warps that
     wrote it) before its MMA reads it."""
-    mbarrier.wait(k_bars.index(0), 0)
-    _my_turn(turn_bars, 0, C, PINGPONG)
-    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+    mbarrier.wait(k_bars.index(g0 % STAGES), (g0 // STAGES) & 1)
+    _my_turn(turn_bars, g0, C, PINGPONG)
+    s_tok = warpgroup_mma(q, k_smem.index(g0 % STAGES).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)
     _your_turn(turn_bars, C, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
@@ -152,24 +154,26 @@ def _first_block(q, k_smem, k_bars, p_smem, p_base, zero_s, m_i, l_i, qk_scale, 
 
 
 @gluon.jit
-def _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem, p_base, zero_s, p, acc, alpha,
-                m_i, l_i, qk_scale, first_row, turn_bars, ROWS: gl.constexpr,
+def _next_block(j, g0, q, k_smem, v_smem, k_bars, v_bars, p_smem, p_base, zero_s, p, acc,
+                alpha, m_i, l_i, qk_scale, first_row, turn_bars, ROWS: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 P_REGS: gl.constexpr, C: gl.constexpr, PINGPONG: gl.constexpr,
                 s_layout: gl.constexpr, o_layout: gl.constexpr):
     """Block ``j`` (> 0), given block ``j - 1``'s P: ask for block ``j``'s scores, then for
     ``P V`` of block ``j - 1``; wait for the scores only and run their softmax while ``P V``
     is on the tensor cores, then wait for it.  Returns block ``j``'s P (16 bits) and the
-    running state; ring stage ``(j - 1) % STAGES`` is no longer read by these warps."""
+    running state; ring stage ``(g0 + j - 1) % STAGES`` is no longer read by these warps
+    (``g0``: see :func:`_first_block`)."""
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    stage = j % STAGES
-    prev = (j - 1) % STAGES
-    mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
-    _my_turn(turn_bars, j, C, PINGPONG)
+    g = g0 + j
+    stage = g % STAGES
+    prev = (g - 1) % STAGES
+    mbarrier.wait(k_bars.index(stage), (g // STAGES) & 1)
+    _my_turn(turn_bars, g, C, PINGPONG)
     s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-    mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+    mbarrier.wait(v_bars.index(prev), ((g - 1) // STAGES) & 1)
     a = _p_operand(p, p_smem, p_base + (j - 1) % 2, P_REGS, o_layout)
     acc_tok = warpgroup_mma(a, v_smem.index(prev), acc, is_async=True)
     _your_turn(turn_bars, C, PINGPONG)
@@ -185,14 +189,15 @@ def _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem, p_base, zero_s, p,
 
 
 @gluon.jit
-def _last_product(last, v_smem, v_bars, p_smem, p_base, p, acc, alpha, l_i,
+def _last_product(last, g0, v_smem, v_bars, p_smem, p_base, p, acc, alpha, l_i,
                   STAGES: gl.constexpr, P_REGS: gl.constexpr, o_layout: gl.constexpr):
     """The last block's ``P V``, then the output rows normalized by their sums."""
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    g = g0 + last
+    mbarrier.wait(v_bars.index(g % STAGES), (g // STAGES) & 1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
     a = _p_operand(p, p_smem, p_base + last % 2, P_REGS, o_layout)
-    acc_tok = warpgroup_mma(a, v_smem.index(last % STAGES), acc, is_async=True)
+    acc_tok = warpgroup_mma(a, v_smem.index(g % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
     return acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
 
@@ -245,13 +250,13 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
     mbarrier.wait(q_bar, 0)
     # no ping-pong here: the turn barriers and consumer index passed are not used
     p, alpha, m_i, l_i = _first_block(q_smem, k_smem, k_bars, p_smem, 0, zero_s, m_i, l_i,
-                                      qk_scale, first_row, k_bars, BLOCK_M, BLOCK_N, CAUSAL,
-                                      False, 0, False, s_layout)
+                                      qk_scale, first_row, k_bars, 0, BLOCK_M, BLOCK_N, STAGES,
+                                      CAUSAL, False, 0, False, s_layout)
     gl.thread_barrier()
     for j in range(1, n_blocks):
-        p, acc, alpha, m_i, l_i = _next_block(j, q_smem, k_smem, v_smem, k_bars, v_bars, p_smem,
-                                              0, zero_s, p, acc, alpha, m_i, l_i, qk_scale,
-                                              first_row, k_bars, BLOCK_M, BLOCK_N, STAGES,
+        p, acc, alpha, m_i, l_i = _next_block(j, 0, q_smem, k_smem, v_smem, k_bars, v_bars,
+                                              p_smem, 0, zero_s, p, acc, alpha, m_i, l_i,
+                                              qk_scale, first_row, k_bars, BLOCK_M, BLOCK_N, STAGES,
                                               CAUSAL, False, 0, False, s_layout, o_layout)
         # every warp is done with the previous stage's K and V: refill it
         gl.thread_barrier()
@@ -259,8 +264,8 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
         if nxt < n_blocks:
             _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, (j - 1) % STAGES,
                      head_row + nxt * BLOCK_N)
-    o = _last_product(n_blocks - 1, v_smem, v_bars, p_smem, 0, p, acc, alpha, l_i, STAGES, False,
-                      o_layout)
+    o = _last_product(n_blocks - 1, 0, v_smem, v_bars, p_smem, 0, p, acc, alpha, l_i, STAGES,
+                      False, o_layout)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -275,7 +280,11 @@ def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
 # -- GLUON=2, 3, 4: a loader warp and two or three consumer warpgroups ------------------------
 # The partitions take the descriptors, the shared buffers and barriers as tuples, then the
 # program's scalars and constexprs (a consumer also its index).  A consumer's rows are the
-# Q descriptor's block; the program's BLOCK_M is a whole number of them.
+# Q descriptor's block; the program's BLOCK_M is a whole number of them.  ``PERSISTENT``: a
+# program a multiprocessor, each taking tiles ``pid``, ``pid + programs``, ... of the tile
+# order (the 2-D grid's, or the causal groups'); the K/V ring, the turns and Q's barriers go
+# on from one tile to the next, so the next tile's first blocks and Q load while the
+# consumers finish this one.
 
 @gluon.jit
 def _ws_first_row(start_m, SEQ, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, C: gl.constexpr,
@@ -290,48 +299,119 @@ def _ws_first_row(start_m, SEQ, BLOCK_M: gl.constexpr, ROWS: gl.constexpr, C: gl
 
 
 @gluon.jit
-def _ws_store(o, q, o_desc, head_row, first_row):
-    """A consumer's output rows, staged in its rows of Q (no longer read)."""
-    q.store(o.to(o_desc.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [head_row + first_row, 0], q)
-    tma.store_wait(pendings=0)
+def _ws_tile(t, n_m, ZH, SEQ, HEAD_GROUP: gl.constexpr):
+    """(query block, first row of the head) of a persistent program's tile ``t``: the 2-D
+    grid's order (a head's query blocks, then the next head's), or the causal groups'."""
+    if HEAD_GROUP:
+        start_m, off_hz = _causal_order(t, n_m, ZH, HEAD_GROUP)
+    else:
+        start_m = t % n_m
+        off_hz = t // n_m
+    return start_m, off_hz * SEQ
 
 
 @gluon.jit
-def _ws_loader(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-               P_REGS: gl.constexpr, PINGPONG: gl.constexpr, RAGGED: gl.constexpr):
-    """One warp: every consumer's rows of Q, then K and V of every block into the ring, each
-    stage as soon as every consumer has let it go."""
-    q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_bars, v_bars, free_bars, turn_bars = bars
+def _ws_store(o, q, o_desc, out, head_row, first_row, PERSISTENT: gl.constexpr,
+              o_layout: gl.constexpr):
+    """A consumer's output rows: staged in its rows of Q (no longer read) for a TMA store, or
+    (``PERSISTENT``: Q's tile may hold the next tile's rows already) from registers."""
+    if PERSISTENT:
+        ROWS: gl.constexpr = o_desc.block_type.shape[0]
+        HEAD_DIM: gl.constexpr = o_desc.block_type.shape[1]
+        rows = head_row + first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        offs = gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        gl.store(out + offs, o.to(o_desc.dtype))
+    else:
+        q.store(o.to(o_desc.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [head_row + first_row, 0], q)
+        tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _ws_load_q(q_desc, q_smem, q_bars, q_free, start_m, head_row, SEQ, it,
+               BLOCK_M: gl.constexpr, RAGGED: gl.constexpr, PERSISTENT: gl.constexpr):
+    """Every consumer's rows of Q of the program's ``it``-th tile (``PERSISTENT``: once the
+    consumer is done with the previous tile's)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     for c in gl.static_range(BLOCK_M // ROWS):
         first = _ws_first_row(start_m, SEQ, BLOCK_M, ROWS, c, RAGGED)
+        if PERSISTENT:  # a new barrier passes a wait for the phase before its first
+            mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [head_row + first, 0], q_bars.index(c),
                                         q_smem.index(c))
-    for j in range(_blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)):
-        stage = j % STAGES
-        # a new barrier passes a wait for the phase before its first: the first STAGES go
-        mbarrier.wait(free_bars.index(stage), ((j // STAGES) & 1) ^ 1)
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, stage, head_row + j * BLOCK_N)
 
 
 @gluon.jit
-def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 P_REGS: gl.constexpr, PINGPONG: gl.constexpr, RAGGED: gl.constexpr,
-                 C: gl.constexpr):
-    """One warpgroup: softmax and both products of its ``ROWS`` query rows over the K/V
-    blocks they read.  Causal with BLOCK_N < BLOCK_M, its rows may end blocks before the
-    program's: it computes up to its own diagonal, then only lets the later blocks go."""
+def _ws_load_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, free_bars, g, row,
+                   STAGES: gl.constexpr):
+    """The program's ``g``-th K/V block (rows from ``row``) into its ring stage, as soon as
+    every consumer has let the stage go (a new barrier passes a wait for the phase before its
+    first: the first STAGES go)."""
+    stage = g % STAGES
+    mbarrier.wait(free_bars.index(stage), ((g // STAGES) & 1) ^ 1)
+    _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, stage, row)
+
+
+@gluon.jit
+def _ws_loader(descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr, P_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+               RAGGED: gl.constexpr, PERSISTENT: gl.constexpr, HEAD_GROUP: gl.constexpr):
+    """One warp: every consumer's rows of Q, then K and V of every block into the ring, each
+    stage as soon as every consumer has let it go; ``PERSISTENT``, tile after tile (each
+    tile's first block before its Q: that block's stage is let go before the consumers are
+    done with the previous tile's Q)."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_bars, v_bars, free_bars, turn_bars = bars
+    q_bars, k_bars, v_bars, free_bars, turn_bars, q_free = bars
+    if PERSISTENT:
+        n_m = gl.cdiv(SEQ, BLOCK_M)
+        g0 = 0
+        it = 0
+        for t in range(gl.program_id(0), n_m * ZH, gl.num_programs(0)):
+            tile_m, tile_row = _ws_tile(t, n_m, ZH, SEQ, HEAD_GROUP)
+            n_blocks = _blocks(tile_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
+            for j in range(n_blocks):
+                _ws_load_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, free_bars, g0 + j,
+                               tile_row + j * BLOCK_N, STAGES)
+                if j == 0:
+                    _ws_load_q(q_desc, q_smem, q_bars, q_free, tile_m, tile_row, SEQ, it,
+                               BLOCK_M, RAGGED, PERSISTENT)
+            g0 += n_blocks
+            it += 1
+    else:
+        _ws_load_q(q_desc, q_smem, q_bars, q_free, start_m, head_row, SEQ, 0, BLOCK_M, RAGGED,
+                   PERSISTENT)
+        for j in range(_blocks(start_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)):
+            _ws_load_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, free_bars, j,
+                           head_row + j * BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _let_go(k_bars, free_bars, g):
+    """Let block ``g``'s stage go unread, once it is loaded (an arrival before the load would
+    count towards the stage's previous round)."""
+    STAGES: gl.constexpr = k_bars.shape[0]
+    mbarrier.wait(k_bars.index(g % STAGES), (g // STAGES) & 1)
+    mbarrier.arrive(free_bars.index(g % STAGES), count=1)
+
+
+@gluon.jit
+def _ws_consumer_tile(descs, smem, bars, out, start_m, head_row, SEQ, qk_scale, g0, it,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, P_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+                      RAGGED: gl.constexpr, PERSISTENT: gl.constexpr, C: gl.constexpr):
+    """Consumer ``C``'s rows of one tile (the program's ``it``-th, whose first block is the
+    program's ``g0``-th): softmax and both products over the K/V blocks they read.  Causal
+    with BLOCK_N < BLOCK_M, its rows may end blocks before the program's: it computes up to
+    its own diagonal, then only lets the later blocks go."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, p_smem = smem
+    q_bars, k_bars, v_bars, free_bars, turn_bars, q_free = bars
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -351,58 +431,97 @@ def _ws_consumer(descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M: g
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
 
-    mbarrier.wait(q_bars.index(C), 0)
+    mbarrier.wait(q_bars.index(C), it & 1)
     p, alpha, m_i, l_i = _first_block(q, k_smem, k_bars, p_smem, 2 * C, zero_s, m_i, l_i,
-                                      qk_scale, first_row, turn_bars, ROWS, BLOCK_N, CAUSAL,
-                                      P_REGS, C, PINGPONG, s_layout)
+                                      qk_scale, first_row, turn_bars, g0, ROWS, BLOCK_N, STAGES,
+                                      CAUSAL, P_REGS, C, PINGPONG, s_layout)
     gl.thread_barrier()  # of this partition's warps only
     for j in range(1, mine):
-        p, acc, alpha, m_i, l_i = _next_block(j, q, k_smem, v_smem, k_bars, v_bars, p_smem,
+        p, acc, alpha, m_i, l_i = _next_block(j, g0, q, k_smem, v_smem, k_bars, v_bars, p_smem,
                                               2 * C, zero_s, p, acc, alpha, m_i, l_i, qk_scale,
                                               first_row, turn_bars, ROWS, BLOCK_N, STAGES,
                                               CAUSAL, P_REGS, C, PINGPONG, s_layout, o_layout)
-        mbarrier.arrive(free_bars.index((j - 1) % STAGES), count=1)
+        mbarrier.arrive(free_bars.index((g0 + j - 1) % STAGES), count=1)
         gl.thread_barrier()
-    o = _last_product(mine - 1, v_smem, v_bars, p_smem, 2 * C, p, acc, alpha, l_i, STAGES,
+    if PERSISTENT:  # every score is computed: the loader may bring the next tile's Q
+        mbarrier.arrive(q_free.index(C), count=1)
+    o = _last_product(mine - 1, g0, v_smem, v_bars, p_smem, 2 * C, p, acc, alpha, l_i, STAGES,
                       P_REGS, o_layout)
+    if PERSISTENT:  # the loader goes on into the next tile: every stage is let go
+        mbarrier.arrive(free_bars.index((g0 + mine - 1) % STAGES), count=1)
     if CAUSAL:
         if BLOCK_N < BLOCK_M:
             # the program's blocks past its rows: it gives up its turn at once and lets each
-            # block go once it is loaded (an arrival before the load would count towards the
-            # stage's previous round); the loader waits for no block past n_blocks - 1 - STAGES
-            if mine - 1 < n_blocks - STAGES:
-                mbarrier.arrive(free_bars.index((mine - 1) % STAGES), count=1)
-            for j in range(mine, n_blocks):
-                _my_turn(turn_bars, j, C, PINGPONG)
-                _your_turn(turn_bars, C, PINGPONG)
-                if j < n_blocks - STAGES:
-                    mbarrier.wait(k_bars.index(j % STAGES), (j // STAGES) & 1)
-                    mbarrier.arrive(free_bars.index(j % STAGES), count=1)
+            # block go once it is loaded; a single tile's loader waits for no block past
+            # n_blocks - 1 - STAGES
+            if PERSISTENT:
+                for j in range(mine, n_blocks):
+                    _my_turn(turn_bars, g0 + j, C, PINGPONG)
+                    _your_turn(turn_bars, C, PINGPONG)
+                    _let_go(k_bars, free_bars, g0 + j)
+            else:
+                if mine - 1 < n_blocks - STAGES:
+                    mbarrier.arrive(free_bars.index((mine - 1) % STAGES), count=1)
+                for j in range(mine, n_blocks):
+                    _my_turn(turn_bars, j, C, PINGPONG)
+                    _your_turn(turn_bars, C, PINGPONG)
+                    if j < n_blocks - STAGES:
+                        _let_go(k_bars, free_bars, j)
     if RAGGED:
         if start_m * BLOCK_M + C * ROWS < SEQ:
-            _ws_store(o, q, o_desc, head_row, first_row)
+            _ws_store(o, q, o_desc, out, head_row, first_row, PERSISTENT, o_layout)
     else:
-        _ws_store(o, q, o_desc, head_row, first_row)
+        _ws_store(o, q, o_desc, out, head_row, first_row, PERSISTENT, o_layout)
 
 
 @gluon.jit
-def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
+def _ws_consumer(descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, P_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+                 RAGGED: gl.constexpr, PERSISTENT: gl.constexpr, HEAD_GROUP: gl.constexpr,
+                 C: gl.constexpr):
+    """One warpgroup: its ``ROWS`` query rows of the program's tile, or (``PERSISTENT``) of
+    each of its tiles in turn (:func:`_ws_consumer_tile`)."""
+    if PERSISTENT:
+        n_m = gl.cdiv(SEQ, BLOCK_M)
+        g0 = 0
+        it = 0
+        for t in range(gl.program_id(0), n_m * ZH, gl.num_programs(0)):
+            tile_m, tile_row = _ws_tile(t, n_m, ZH, SEQ, HEAD_GROUP)
+            _ws_consumer_tile(descs, smem, bars, out, tile_m, tile_row, SEQ, qk_scale, g0, it,
+                              BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                              PERSISTENT, C)
+            g0 += _blocks(tile_m, SEQ, BLOCK_M, BLOCK_N, CAUSAL)
+            it += 1
+    else:
+        _ws_consumer_tile(descs, smem, bars, out, start_m, head_row, SEQ, qk_scale, 0, 0,
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                          PERSISTENT, C)
+
+
+@gluon.jit
+def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ, out, ZH,
                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                               CAUSAL: gl.constexpr, P_REGS: gl.constexpr,
                               PINGPONG: gl.constexpr, RAGGED: gl.constexpr,
                               CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                              HEAD_GROUP: gl.constexpr):
-    """``GLUON=2``, ``3``, ``4``: BLOCK_M queries of one (batch, head) a program, as two or
-    three consumer warpgroups of the Q descriptor's block of rows (the default partition of 4
-    warps and workers of 4) and a loader warp.  No barrier spans the program inside the loop:
+                              HEAD_GROUP: gl.constexpr, PERSISTENT: gl.constexpr):
+    """``GLUON=2``, ``3``, ``4``: BLOCK_M queries of one (batch, head) a tile, as two or three
+    consumer warpgroups of the Q descriptor's block of rows (the default partition of 4 warps
+    and workers of 4) and a loader warp; a tile a program, or (``PERSISTENT``) a program a
+    multiprocessor that takes tile after tile.  No barrier spans the program inside the loop:
     a consumer waits for its own MMAs, the loader and (``PINGPONG``) its turn, and lets a K/V
     stage go by arriving on its barrier (one arrival a consumer frees it).  ``q_desc`` and
-    ``o_desc`` are of BLOCK_M / 2 or BLOCK_M / 3 rows."""
+    ``o_desc`` are of BLOCK_M / 2 or BLOCK_M / 3 rows; ``out`` is the output (the persistent
+    kernel stores through it), ``ZH`` batch times heads."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     CONSUMERS: gl.constexpr = BLOCK_M // ROWS
-    if HEAD_GROUP:
+    if PERSISTENT:  # not read: the partitions take their tiles
+        start_m = gl.program_id(0)
+        head_row = start_m * SEQ
+    elif HEAD_GROUP:
         n_m = gl.cdiv(SEQ, BLOCK_M)
         start_m, off_hz = _causal_order(gl.program_id(0), n_m, gl.num_programs(0) // n_m,
                                         HEAD_GROUP)
@@ -433,29 +552,42 @@ def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, qk_scale, SEQ,
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(free_bars.index(i), count=CONSUMERS)
+    if PERSISTENT:  # a consumer is done with its rows of Q
+        q_free = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(q_free.index(i), count=1)
+    else:  # not waited on: a placeholder the partitions' signatures take
+        q_free = q_bars
 
     descs = (q_desc, k_desc, v_desc, o_desc)
     smem = (q_smem, k_smem, v_smem, p_smem)
-    bars = (q_bars, k_bars, v_bars, free_bars, turn_bars)
+    bars = (q_bars, k_bars, v_bars, free_bars, turn_bars, q_free)
     # the argument tuples are written out: a tuple assigned to a name would turn the
     # constexprs in it into tensors
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 0)),
-            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 1)),
-            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 2)),
-            (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
-                          BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED)),
+            (_ws_consumer, (descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                            BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                            PERSISTENT, HEAD_GROUP, 0)),
+            (_ws_consumer, (descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                            BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                            PERSISTENT, HEAD_GROUP, 1)),
+            (_ws_consumer, (descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                            BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                            PERSISTENT, HEAD_GROUP, 2)),
+            (_ws_loader, (descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                          PERSISTENT, HEAD_GROUP)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 0)),
-            (_ws_consumer, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
-                            BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED, 1)),
-            (_ws_loader, (descs, smem, bars, start_m, head_row, SEQ, qk_scale, BLOCK_M,
-                          BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED)),
+            (_ws_consumer, (descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                            BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                            PERSISTENT, HEAD_GROUP, 0)),
+            (_ws_consumer, (descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                            BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                            PERSISTENT, HEAD_GROUP, 1)),
+            (_ws_loader, (descs, smem, bars, out, start_m, head_row, SEQ, ZH, qk_scale,
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, P_REGS, PINGPONG, RAGGED,
+                          PERSISTENT, HEAD_GROUP)),
         ], [4, 1], [CONSUMER_REGS, 24])

@@ -37,6 +37,7 @@ from harness.kinds.base import (
     cdiv,
     next_pow2,
     random_normal,
+    sm_count,
     torch_dtype,
 )
 
@@ -62,10 +63,14 @@ def head_group(shape: Shape) -> int:
     return max(1, min(shape["batch"] * shape["heads"], HEAD_GROUP_BYTES // kv))
 
 
-def attention_grid(shape: Shape, block_m: int, group: int) -> tuple[int, ...]:
+def attention_grid(shape: Shape, block_m: int, group: int,
+                   programs: int = 0) -> tuple[int, ...]:
     """The launch grid: (query blocks * heads,) in groups of ``group`` heads, or (query
-    blocks, batch * heads) where ``group`` is 0."""
+    blocks, batch * heads) where ``group`` is 0; a persistent kernel's (at most ``programs``,
+    its tiles in either order,) where ``programs`` is given."""
     zh, blocks = shape["batch"] * shape["heads"], cdiv(shape["seq"], block_m)
+    if programs:
+        return (min(programs, blocks * zh),)
     return (blocks * zh,) if group else (blocks, zh)
 
 
@@ -93,6 +98,7 @@ class Attention(Kind):
                 if max(self.gluon_pool) >= 2:  # three consumer warpgroups of 64 rows
                     space["BLOCK_M"].append(192)
                     warps.append(12)
+                    space["PERSISTENT"] = [0, 1]
         return {**space, "num_warps": warps, "num_stages": [1, 2, 3, 4, 5]}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
@@ -104,6 +110,8 @@ class Attention(Kind):
         if bm > max(16, next_pow2(seq)) or bn > max(16, next_pow2(seq)):
             return "tile larger than the sequence"
         gluon = knobs.get("GLUON", 0)
+        if gluon < 2 and knobs.get("PERSISTENT", 0):
+            return "PERSISTENT is the warp-specialized Gluon kernel's (GLUON 2, 3 or 4) alone"
         if gluon < 2 and (bm == 192 or warps == 12):
             return f"BLOCK_M {bm} with {warps} warps: three consumer warpgroups are the " \
                    f"warp-specialized Gluon kernel's (GLUON 2, 3 or 4) alone"
@@ -258,11 +266,16 @@ class Attention(Kind):
                          (out, q_rows)):
             layout = gl.NVMMASharedLayout.get_default_for([block, d], gl_dtype)
             descs.append(TensorDescriptor.from_tensor(t.view(rows, d), [block, d], layout))
-        grid = attention_grid(shape, bm, launch_knobs.get("HEAD_GROUP", 0))
+        persistent = launch_knobs.get("PERSISTENT", False)
+        grid = attention_grid(shape, bm, launch_knobs.get("HEAD_GROUP", 0),
+                              sm_count(q) if persistent else 0)
         qk_scale = d ** -0.5 * 1.4426950408889634  # exp2 instead of exp
+        # the warp-specialized kernel also takes the output (its persistent form stores
+        # through it) and batch * heads
+        more = (out, shape["batch"] * shape["heads"]) if knobs["GLUON"] >= 2 else ()
 
         def launch() -> Any:
-            return kernel[grid](*descs, qk_scale, seq, **launch_knobs)
+            return kernel[grid](*descs, qk_scale, seq, *more, **launch_knobs)
 
         return Launch(run=launch, out=out)
 
@@ -283,6 +296,7 @@ def gluon_launch(knobs: Knobs, shape: Shape) -> tuple[str, int, dict[str, Any]]:
         return ("gluon_attention_ws_kernel", bm // consumers,
                 {**common, "P_REGS": knobs["GLUON"] >= 3, "PINGPONG": knobs["GLUON"] == 4,
                  "RAGGED": shape["seq"] % bm != 0, "HEAD_GROUP": head_group(shape),
+                 "PERSISTENT": bool(knobs.get("PERSISTENT", 0)),
                  "CONSUMER_REGS": regs, "num_warps": 4, "maxnreg": maxnreg})
     return "gluon_attention_kernel", bm, {**common, "num_warps": knobs["num_warps"]}
 

@@ -195,7 +195,7 @@ def gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, *, b2: Any = None, wn: Any
     tiles = cdiv(m, bm) * cdiv(n, bn)
     progs = tiles
     if persistent:
-        progs = min(tiles, _sm_count(a))
+        progs = min(tiles, sm_count(a))
     args: list[Any] = [a, b, b if b2 is None else b2, c]
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -238,7 +238,7 @@ def _gluon_gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, ss: Any,
         layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
         descs.append(TensorDescriptor.from_tensor(t, block, layout))
     m, n = c.shape
-    progs = min(cdiv(m, bm) * cdiv(n, bn), _sm_count(a))
+    progs = min(cdiv(m, bm) * cdiv(n, bn), sm_count(a))
     ss_ = a if ss is None else ss  # a pointer the kernel never reads without the sums
     stride_sm = 0 if ss is None else ss.stride(0)
     # 12 warps (two consumer warpgroups and the loader's) of 168 registers fill the register
@@ -252,7 +252,7 @@ def _gluon_gemm_launch(knobs: Knobs, a: Any, b: Any, c: Any, ss: Any,
     return launch
 
 
-def _sm_count(t: Any) -> int:
+def sm_count(t: Any) -> int:
     """Multiprocessors of the tensor's GPU; on ``meta`` inputs (compile ahead, where CUDA is
     never started) a stand-in: the count is a run-time argument, so the kernel is the same."""
     if t.device.type != "cuda":
