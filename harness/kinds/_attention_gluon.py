@@ -18,7 +18,9 @@ kernels compile for compute capability 9.x only.
   through shared memory; ``GLUON=3`` in registers (one warpgroup's softmax then overlaps
   another's products rather than its own); ``GLUON=4`` adds a ping-pong: the consumers issue
   their MMAs in turn.  Causal with ``BLOCK_N < BLOCK_M``, a consumer stops at its own
-  diagonal block.
+  diagonal block.  ``PERSISTENT``: a program a multiprocessor, taking tile after tile; a
+  consumer lets its rows of Q go after its last scores, so the next tile's Q loads while it
+  finishes, and stores its output from registers.
 
 The views are two-dimensional, ``(batch * heads * seq, head_dim)``, so a K/V block never
 reads into the next head only if the sequence is a multiple of ``BLOCK_N``; the query tiles

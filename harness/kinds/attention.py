@@ -18,8 +18,9 @@ shared memory (2) or in registers (3), and in 4 the consumers take turns at the 
 cores.  The pools of cards of compute capability 9.x take the values in
 :attr:`Attention.gluon_pool`: 3 and 4, the fastest on an H100 (1 and 2 were slower there
 than the Triton kernel, ``bench/attention_variants.py``), and with them ``BLOCK_M`` 192 and
-12 warps, the three consumers' tiles; an older or newer card's pool and configuration keys
-are what they were.
+12 warps, the three consumers' tiles, and where not causal ``PERSISTENT`` (the
+warp-specialized kernel with a program a multiprocessor, each taking tile after tile); an older
+or newer card's pool and configuration keys are what they were.
 """
 
 from __future__ import annotations
@@ -98,7 +99,13 @@ class Attention(Kind):
                 if max(self.gluon_pool) >= 2:  # three consumer warpgroups of 64 rows
                     space["BLOCK_M"].append(192)
                     warps.append(12)
-                    space["PERSISTENT"] = [0, 1]
+                    if not shape["causal"]:
+                        # a program a multiprocessor: its tiles in the grid's order are one
+                        # length when not causal; causal, each program's share was far from
+                        # even (1.05-1.68x the one-tile time on an H100,
+                        # bench/attention_persistent.py), so causal pools keep one tile a
+                        # program
+                        space["PERSISTENT"] = [0, 1]
         return {**space, "num_warps": warps, "num_stages": [1, 2, 3, 4, 5]}
 
     def unrealizable(self, knobs: Knobs, shape: Shape, card: Card) -> str | None:
