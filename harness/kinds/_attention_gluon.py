@@ -456,19 +456,16 @@ def _ws_consumer_tile(descs, smem, bars, out, start_m, head_row, SEQ, qk_scale, 
             # the program's blocks past its rows: it gives up its turn at once and lets each
             # block go once it is loaded; a single tile's loader waits for no block past
             # n_blocks - 1 - STAGES
-            if PERSISTENT:
-                for j in range(mine, n_blocks):
-                    _my_turn(turn_bars, g0 + j, C, PINGPONG)
-                    _your_turn(turn_bars, C, PINGPONG)
-                    _let_go(k_bars, free_bars, g0 + j)
-            else:
+            if not PERSISTENT:
                 if mine - 1 < n_blocks - STAGES:
                     mbarrier.arrive(free_bars.index((mine - 1) % STAGES), count=1)
-                for j in range(mine, n_blocks):
-                    _my_turn(turn_bars, j, C, PINGPONG)
-                    _your_turn(turn_bars, C, PINGPONG)
-                    if j < n_blocks - STAGES:
-                        _let_go(k_bars, free_bars, j)
+            for j in range(mine, n_blocks):
+                _my_turn(turn_bars, g0 + j, C, PINGPONG)
+                _your_turn(turn_bars, C, PINGPONG)
+                if PERSISTENT:
+                    _let_go(k_bars, free_bars, g0 + j)
+                elif j < n_blocks - STAGES:
+                    _let_go(k_bars, free_bars, j)
     if RAGGED:
         if start_m * BLOCK_M + C * ROWS < SEQ:
             _ws_store(o, q, o_desc, out, head_row, first_row, PERSISTENT, o_layout)
